@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create .venv (reusing the system's PyTorch where there is one, e.g. on a GPU box) and install
+# this package with its test and workflow dependencies. Safe to run again: it only adds what
+# is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${VENV:-.venv}
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv --system-site-packages "$venv"
+fi
+py="$venv/bin/python"
+# An unpinned torch would pull a multi-GB CUDA build; on a machine without PyTorch we take the
+# pinned CPU-capable release, and on a GPU box the torch that is already installed is kept.
+if ! "$py" -c "import torch" 2>/dev/null; then
+  "$py" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+fi
+"$py" -m pip install -q -e ".[test]"
+echo "ready: $("$py" -c 'import torch, snakemake; print("torch", torch.__version__, "| snakemake", snakemake.__version__)')"

@@ -1,0 +1,1 @@
+"""Thin CLIs: one configuration in, one JSON record out (see `cs336_systems.records`)."""

@@ -1,0 +1,63 @@
+"""benchmarking_script (assignment §1.1): time one model configuration.
+
+    python -m cs336_systems.experiments.benchmark --size small --context-length 128 \
+        --mode train-step --precision bf16 --warmup-steps 5 --measure-steps 10 --output r.json
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from cs336_systems.attention import ATTENTION_IMPLEMENTATIONS
+from cs336_systems.experiments.cli import add_common_arguments, non_negative_int, positive_int
+from cs336_systems.model import MODEL_SIZES, VOCAB_SIZE, build_model, count_parameters
+from cs336_systems.optimizer import AdamW
+from cs336_systems.records import run_and_record
+from cs336_systems.timing import MODES, PRECISIONS, lm_step_phases, time_phases
+
+
+def measure(config: dict, device: torch.device) -> dict:
+    torch.manual_seed(config["seed"])
+    model = build_model(config["size"], config["context_length"],
+                        attention=config["attention"], device=device)
+    shape = (config["batch_size"], config["context_length"])
+    token_ids = torch.randint(0, VOCAB_SIZE, shape, device=device)
+    targets = torch.randint(0, VOCAB_SIZE, shape, device=device)
+    optimizer = AdamW(model.parameters(), lr=1e-4) if config["mode"] == "train-step" else None
+    phases = lm_step_phases(model, token_ids, targets, config["mode"], config["precision"],
+                            optimizer)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"])
+    metrics = {"parameters": count_parameters(model), **times.metrics()}
+    if device.type == "cuda":
+        metrics["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", required=True, choices=list(MODEL_SIZES))
+    parser.add_argument("--context-length", type=positive_int, required=True)
+    parser.add_argument("--mode", required=True, choices=MODES)
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    parser.add_argument("--warmup-steps", type=non_negative_int, default=5)
+    parser.add_argument("--measure-steps", type=positive_int, default=10)
+    parser.add_argument("--batch-size", type=positive_int, default=4)
+    parser.add_argument("--attention", default="eager", choices=list(ATTENTION_IMPLEMENTATIONS))
+    add_common_arguments(parser)
+    args = parser.parse_args(argv)
+    max_context = MODEL_SIZES[args.size].max_context_length
+    if args.context_length > max_context:
+        parser.error(f"--context-length {args.context_length} is longer than size "
+                     f"{args.size!r} supports (at most {max_context})")
+    config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
+    return run_and_record("benchmark", config, args.output,
+                          lambda device: measure(config, device), args.device)
+
+
+if __name__ == "__main__":
+    main()

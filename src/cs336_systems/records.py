@@ -1,0 +1,138 @@
+"""The per-configuration JSON record every experiment job writes, and the environment it ran in.
+
+    {"section", "config": {...}, "status": "ok" | "oom" | "skipped" | "error",
+     "metrics": {...}, "env": {"device", "gpu", "torch", "triton", "git", "time"}, "message"?}
+
+Units live in metric names (`forward_ms_mean`, `peak_gib`). Records are written atomically
+(temp file, then rename), so an interrupted job never leaves a half-written record behind.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import json
+import os
+import platform
+import subprocess
+import tempfile
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STATUSES = ("ok", "oom", "skipped", "error")
+
+
+class Skip(Exception):
+    """Raised by an experiment that cannot run here (e.g. GPU-only on a CPU machine)."""
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise Skip("CUDA was requested but no CUDA device is available on this machine")
+    return device
+
+
+@functools.cache
+def git_commit() -> str:
+    """The commit the code came from: $CS336_GIT_COMMIT (for copies without .git), else git."""
+    if commit := os.environ.get("CS336_GIT_COMMIT"):
+        return commit
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here,
+                                capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=here, capture_output=True, text=True, check=True).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def environment(device: torch.device | str | None = None) -> dict[str, Any]:
+    device = torch.device(device) if device is not None else resolve_device()
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {
+        "device": device.type,
+        "gpu": gpu,
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "git": git_commit(),
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write to a temp file beside `path`, then rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str | Path, payload: dict) -> None:
+    write_text_atomic(path, json.dumps(payload, indent=1, default=str) + "\n")
+
+
+def make_record(section: str, config: dict, status: str, metrics: dict | None = None,
+                env: dict | None = None, message: str | None = None) -> dict:
+    if status not in STATUSES:
+        raise ValueError(f"unknown status {status!r}; allowed: {', '.join(STATUSES)}")
+    record = {"section": section, "config": config, "status": status,
+              "metrics": metrics or {}, "env": env or environment()}
+    if message:
+        record["message"] = message
+    return record
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+def run_and_record(section: str, config: dict, output: str | Path,
+                   measure: Callable[[torch.device], dict], device: str = "auto") -> dict:
+    """Run `measure(device)` for one configuration and write its record, whatever happens.
+
+    Out-of-memory becomes status `oom`, `Skip` becomes `skipped` with its reason, and any
+    other exception `error` with the traceback, so one bad configuration never ends a sweep.
+    """
+    env_device: torch.device | str = "cpu"
+    try:
+        resolved = resolve_device(device)
+        env_device = resolved
+        record = make_record(section, config, "ok", measure(resolved), environment(resolved))
+    except Skip as skip:
+        record = make_record(section, config, "skipped", env=environment(env_device),
+                             message=str(skip))
+    except Exception as error:  # noqa: BLE001 - every failure becomes data
+        status = "oom" if is_out_of_memory(error) else "error"
+        message = str(error).splitlines()[0] if status == "oom" else traceback.format_exc()
+        record = make_record(section, config, status, env=environment(env_device),
+                             message=message)
+    write_json_atomic(output, record)
+    return record
+
+
+def read_record(path: str | Path) -> dict:
+    with open(path) as f:
+        return json.load(f)

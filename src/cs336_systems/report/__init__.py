@@ -1,0 +1,1 @@
+"""Records -> tables and figures -> report/writeup.md."""

@@ -1,0 +1,65 @@
+"""Records to tidy tables: one row per configuration, written as CSV and markdown."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from cs336_systems.records import read_record
+
+ENV_COLUMNS = ("device", "gpu", "torch", "triton", "git")
+
+
+def records_frame(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """Flatten records: config keys, status, message, scalar metrics and `env_*` columns.
+
+    List-valued metrics (raw samples) stay in the JSON records and are left out here.
+    """
+    rows = []
+    for path in paths:
+        record = read_record(path)
+        row = dict(record["config"])
+        row["status"] = record["status"]
+        row["message"] = record.get("message", "")
+        row.update({k: v for k, v in record["metrics"].items() if not isinstance(v, (list, dict))})
+        row.update({f"env_{k}": record["env"].get(k) for k in ENV_COLUMNS})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def write_table(frame: pd.DataFrame, csv_path: str | Path, markdown_path: str | Path | None = None,
+                markdown_frame: pd.DataFrame | None = None) -> None:
+    """CSV of the full table; markdown of `markdown_frame` (a display version) or the table."""
+    Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(csv_path, index=False)
+    if markdown_path is not None:
+        Path(markdown_path).write_text(to_markdown(markdown_frame if markdown_frame is not None
+                                                   else frame) + "\n")
+
+
+def to_markdown(frame: pd.DataFrame) -> str:
+    if frame.empty:
+        return "_(no rows)_"
+    return frame.to_markdown(index=False, floatfmt=".3g")
+
+
+def mean_pm_std(mean: float, std: float, digits: int = 2) -> str:
+    """'12.34 ± 0.56', or '' for a missing value (an oom or skipped row)."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return ""
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def ensure_columns(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """Add missing columns as NaN (a sweep whose every row failed has no metric columns)."""
+    for column in columns:
+        if column not in frame.columns:
+            frame[column] = float("nan")
+    return frame
+
+
+def read_table(csv_path: str | Path) -> pd.DataFrame:
+    return pd.read_csv(csv_path, keep_default_na=True)

@@ -1,0 +1,144 @@
+"""The one timing harness: warm-up, synchronize, per-phase wall-clock times, statistics.
+
+A "step" is a list of named phases (forward, backward, optimizer). Each phase is timed with
+`timeit.default_timer`, and on CUDA the device is synchronized after the phase so that the
+host clock sees the kernels finish, not just their launch.
+"""
+
+from __future__ import annotations
+
+import statistics
+import timeit
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from cs336_systems.loss import cross_entropy
+
+MODES = ("forward", "forward-backward", "train-step")
+PRECISIONS = ("fp32", "bf16")
+
+Phase = tuple[str, Callable[[], object]]
+
+
+def synchronize(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def autocast_context(device: torch.device | str, precision: str) -> AbstractContextManager:
+    """bf16 autocast, or a no-op context for full precision."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}")
+    if precision == "fp32":
+        return nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+@dataclass
+class StepTimes:
+    """Per-phase times in milliseconds, one entry per step."""
+
+    warmup_ms: dict[str, list[float]] = field(default_factory=dict)
+    measured_ms: dict[str, list[float]] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float | list[float]]:
+        """Flat metrics: `<phase>_ms_{mean,std,min,max,median,first}` and the raw samples."""
+        out: dict[str, float | list[float]] = {}
+        for phase, samples in self.measured_ms.items():
+            out.update({f"{phase}_ms_{k}": v for k, v in summarize(samples).items()})
+            out[f"{phase}_ms_first"] = samples[0]  # shows what warm-up would have absorbed
+            out[f"{phase}_ms_samples"] = samples
+        for phase, samples in self.warmup_ms.items():
+            out[f"{phase}_warmup_ms_samples"] = samples
+        return out
+
+
+def summarize(samples_ms: Sequence[float]) -> dict[str, float]:
+    if not samples_ms:
+        raise ValueError("no samples to summarize")
+    return {
+        "mean": statistics.fmean(samples_ms),
+        "std": statistics.stdev(samples_ms) if len(samples_ms) > 1 else 0.0,
+        "min": min(samples_ms),
+        "max": max(samples_ms),
+        "median": statistics.median(samples_ms),
+    }
+
+
+def time_phases(phases: Sequence[Phase], device: torch.device | str, warmup_steps: int,
+                measure_steps: int, total_name: str | None = "step") -> StepTimes:
+    """Run the phases in order `warmup_steps + measure_steps` times, timing each one.
+
+    With `total_name`, each step's phase times are also summed under that name.
+    """
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    if measure_steps < 1:
+        raise ValueError(f"measure_steps must be >= 1, got {measure_steps}")
+    times = StepTimes()
+    for step in range(warmup_steps + measure_steps):
+        bucket = times.warmup_ms if step < warmup_steps else times.measured_ms
+        total = 0.0
+        for name, fn in phases:
+            synchronize(device)
+            start = timeit.default_timer()
+            fn()
+            synchronize(device)
+            elapsed_ms = (timeit.default_timer() - start) * 1e3
+            bucket.setdefault(name, []).append(elapsed_ms)
+            total += elapsed_ms
+        if total_name:
+            bucket.setdefault(total_name, []).append(total)
+    return times
+
+
+def time_callable(fn: Callable[[], object], device: torch.device | str, warmup_steps: int,
+                  measure_steps: int, name: str = "call") -> StepTimes:
+    return time_phases([(name, fn)], device, warmup_steps, measure_steps, total_name=None)
+
+
+def lm_step_phases(model: nn.Module, token_ids: torch.Tensor, targets: torch.Tensor,
+                   mode: str, precision: str,
+                   optimizer: torch.optim.Optimizer | None = None) -> list[Phase]:
+    """The phases of one LM benchmark step in `mode`.
+
+    forward:          forward pass only, under `torch.no_grad()` (inference)
+    forward-backward: forward + loss, then backward
+    train-step:       forward + loss, backward, optimizer step (needs `optimizer`)
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
+    device = token_ids.device
+    state: dict[str, torch.Tensor] = {}
+
+    if mode == "forward":
+        def forward():
+            with torch.no_grad(), autocast_context(device, precision):
+                model(token_ids)
+        return [("forward", forward)]
+
+    def forward_loss():
+        with autocast_context(device, precision):
+            state["loss"] = cross_entropy(model(token_ids), targets)
+
+    def backward():
+        state.pop("loss").backward()
+
+    if mode == "forward-backward":
+        def backward_and_clear():
+            backward()
+            model.zero_grad(set_to_none=True)
+        return [("forward", forward_loss), ("backward", backward_and_clear)]
+
+    if optimizer is None:
+        raise ValueError("mode 'train-step' needs an optimizer")
+
+    def optimizer_step():
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return [("forward", forward_loss), ("backward", backward), ("optimizer", optimizer_step)]
