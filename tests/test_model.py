@@ -85,3 +85,16 @@ def test_bad_inputs_name_what_is_allowed():
     model = build_model("tiny", context_length=8)
     with pytest.raises(ValueError, match="exceeds the model's context length 8"):
         model(torch.randint(0, VOCAB_SIZE, (1, 9)))
+
+
+def test_forward_flops_counts_every_matmul_of_the_model():
+    """Count multiply-adds of the real forward pass with a hook on matmul and compare."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from cs336_systems.model import forward_flops
+
+    model = build_model("tiny", context_length=32)
+    token_ids = torch.randint(0, VOCAB_SIZE, (3, 32))
+    with FlopCounterMode(display=False) as counter:
+        model(token_ids)
+    assert forward_flops("tiny", 3, 32) == counter.get_total_flops()

@@ -208,3 +208,19 @@ def parameter_count(size: str, vocab_size: int = VOCAB_SIZE) -> int:
     """Parameters of a named size, embeddings included (built on the meta device: no memory)."""
     return count_parameters(build_model(size, context_length=get_size(size).max_context_length,
                                         vocab_size=vocab_size, device="meta"))
+
+
+def forward_flops(size: str, batch_size: int, context_length: int,
+                  vocab_size: int = VOCAB_SIZE) -> int:
+    """Matmul FLOPs of one forward pass, 2 per multiply-add.
+
+    Per token: the attention projections (4 d^2), the SwiGLU (3 d d_ff) in every layer and the
+    LM head (d vocab); per layer and sequence: q k^T and p v over the full score matrix
+    (2 seq^2 d, the causal mask's skipped half included, as an unfused kernel computes it).
+    The backward pass costs about twice this.
+    """
+    s = get_size(size)
+    tokens = batch_size * context_length
+    per_token = s.num_layers * (4 * s.d_model**2 + 3 * s.d_model * s.d_ff) + s.d_model * vocab_size
+    attention = s.num_layers * batch_size * 2 * context_length**2 * s.d_model
+    return 2 * (tokens * per_token + attention)

@@ -12,7 +12,8 @@ import torch
 
 from cs336_systems.attention import ATTENTION_IMPLEMENTATIONS
 from cs336_systems.experiments.cli import add_common_arguments, non_negative_int, positive_int
-from cs336_systems.model import MODEL_SIZES, VOCAB_SIZE, build_model, count_parameters
+from cs336_systems.model import (MODEL_SIZES, VOCAB_SIZE, build_model, count_parameters,
+                                 forward_flops)
 from cs336_systems.optimizer import AdamW
 from cs336_systems.records import run_and_record
 from cs336_systems.timing import MODES, PRECISIONS, lm_step_phases, time_phases
@@ -31,7 +32,9 @@ def measure(config: dict, device: torch.device) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"])
-    metrics = {"parameters": count_parameters(model), **times.metrics()}
+    flops = forward_flops(config["size"], *shape) * (1 if config["mode"] == "forward" else 3)
+    metrics = {"parameters": count_parameters(model), "model_flops_per_step": flops,
+               **times.metrics()}
     if device.type == "cuda":
         metrics["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return metrics

@@ -19,7 +19,9 @@ def fmt(value, digits: int = 2) -> str:
 
 def fmt_ratio(value: float) -> str:
     """A factor: '2.9x'."""
-    return "" if value is None or math.isnan(value) else f"{value:.2g}x" if value < 10 else f"{value:.0f}x"
+    if value is None or math.isnan(value):
+        return ""
+    return f"{value:.2f}x" if value < 10 else f"{value:.1f}x" if value < 100 else f"{value:.0f}x"
 
 
 def relative_link(target: str | Path, from_file: str | Path) -> str:

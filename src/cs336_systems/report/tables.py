@@ -40,10 +40,24 @@ def write_table(frame: pd.DataFrame, csv_path: str | Path, markdown_path: str | 
                                                    else frame) + "\n")
 
 
+def format_number(value) -> str:
+    """Four significant digits without scientific notation; '' for missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return str(value)
+
+
 def to_markdown(frame: pd.DataFrame) -> str:
+    """A markdown table; floats get `format_number`, strings are printed as they are."""
     if frame.empty:
         return "_(no rows)_"
-    return frame.to_markdown(index=False, floatfmt=".3g")
+    shown = frame.copy()
+    for column in shown.columns:
+        if pd.api.types.is_float_dtype(shown[column]):
+            shown[column] = shown[column].map(format_number)
+    return shown.to_markdown(index=False, disable_numparse=True)
 
 
 def mean_pm_std(mean: float, std: float, digits: int = 2) -> str:

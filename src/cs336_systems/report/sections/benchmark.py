@@ -21,7 +21,7 @@ from cs336_systems.report.tables import (ensure_columns, mean_pm_std, records_fr
 CONFIG_COLUMNS = ["size", "context_length", "mode", "precision", "warmup_steps", "measure_steps",
                   "batch_size", "attention"]
 PHASES = ["forward", "backward", "optimizer", "step"]
-METRIC_COLUMNS = (["parameters"]
+METRIC_COLUMNS = (["parameters", "model_flops_per_step"]
                   + [f"{p}_ms_{s}" for p in PHASES for s in ("mean", "std", "median", "first", "max")]
                   + ["peak_gib"])
 SIZE_ORDER = {name: i for i, name in enumerate(MODEL_SIZES)}
@@ -31,10 +31,13 @@ def build_table(record_paths: list[str], main_warmup_steps: int) -> pd.DataFrame
     """One row per record; `main_sweep` marks the rows at the main sweep's warm-up count."""
     frame = ensure_columns(records_frame(record_paths), CONFIG_COLUMNS + METRIC_COLUMNS)
     frame["main_sweep"] = frame["warmup_steps"] == main_warmup_steps
+    # Achieved model FLOP rate over the whole step (the optimizer's time included).
+    frame["model_tflop_per_s"] = frame["model_flops_per_step"] / frame["step_ms_mean"] / 1e9
     frame["size_rank"] = frame["size"].map(SIZE_ORDER)
     frame = frame.sort_values(["size_rank", "context_length", "mode", "precision", "warmup_steps"])
     env = [c for c in frame.columns if c.startswith("env_")]
-    return frame[CONFIG_COLUMNS + ["main_sweep", "status"] + METRIC_COLUMNS + ["message"] + env]
+    return frame[CONFIG_COLUMNS + ["main_sweep", "status"] + METRIC_COLUMNS
+                 + ["model_tflop_per_s", "message"] + env]
 
 
 def display_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -46,6 +49,7 @@ def display_table(rows: pd.DataFrame) -> pd.DataFrame:
     for phase in PHASES:
         out[f"{phase} ms"] = [mean_pm_std(m, s) for m, s in
                               zip(rows[f"{phase}_ms_mean"], rows[f"{phase}_ms_std"])]
+    out["model TFLOP/s"] = rows["model_tflop_per_s"].map(lambda v: fmt(v, 1))
     out["peak GiB"] = rows["peak_gib"].map(lambda v: fmt(v, 2))
     return out
 
@@ -61,8 +65,12 @@ def scaling_figure(table: pd.DataFrame, path: str | Path) -> None:
             ax.errorbar(group["parameters"] / 1e6, group["step_ms_mean"], yerr=group["step_ms_std"],
                         marker="o", capsize=3, linestyle="-" if precision == "fp32" else "--",
                         label=f"ctx {context}, {precision}")
-        ax.set(xscale="log", yscale="log", xlabel="parameters (millions)",
+        ax.set(xscale="log", yscale="log", xlabel="model size (parameters)",
                ylabel="time per step (ms)", title=mode)
+        sizes = ok[ok["mode"] == mode].drop_duplicates("size").sort_values("parameters")
+        ax.set_xticks(sizes["parameters"] / 1e6, [f"{s}\n{p / 1e6:,.0f}M" for s, p in
+                                                 zip(sizes["size"], sizes["parameters"])])
+        ax.minorticks_off()
         ax.legend(fontsize=7)
     figures.save(fig, path)
 
@@ -187,7 +195,7 @@ def _warmup_analysis(table: pd.DataFrame) -> tuple[str, str]:
             f"after {counts[-1]}; the first measured step of the cold run took "
             f"{fmt(cold['step_ms_first'], 1)} ms, {fmt_ratio(cold['step_ms_first'] / warm['step_ms_median'])} "
             f"the warmed-up median."
-            + "".join(f" After {w} warm-up steps the mean is "
+            + "".join(f" After {w} warm-up step(s) the mean is "
                       f"{fmt_ratio(g.loc[w, 'step_ms_mean'] / warm['step_ms_mean'])} the mean after "
                       f"{counts[-1]}." for w in counts[1:-1]))
     return to_markdown(pd.DataFrame(rows)), bullets(sentences)
