@@ -34,15 +34,19 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     return result
 
 
-def stale_rules(workdir: Path) -> set[str]:
-    """Rules a dry run would execute (from the job-stats table)."""
+def stale_jobs(workdir: Path) -> dict[str, int]:
+    """Jobs per rule that a dry run would execute (from the job-stats table)."""
     out = snakemake(workdir, "report/writeup.md", "--dry-run", "--quiet", "rules").stdout
-    rules = set()
+    jobs = {}
     for line in out.splitlines():
-        match = re.match(r"^(\w+)\s+\d+$", line.strip())
+        match = re.match(r"^(\w+)\s+(\d+)$", line.strip())
         if match and match.group(1) != "total":
-            rules.add(match.group(1))
-    return rules
+            jobs[match.group(1)] = int(match.group(2))
+    return jobs
+
+
+def stale_rules(workdir: Path) -> set[str]:
+    return set(stale_jobs(workdir))
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +73,9 @@ def test_writeup_holds_the_benchmark_table_with_measured_numbers(smoke_run):
             assert mean > 0 and std >= 0
     assert "$" not in text  # every placeholder was filled
     assert re.search(r"backward pass takes [\d.]+x to [\d.]+x the forward pass", text)
+    flash_rows = [line for line in text.splitlines() if re.match(r"^\| 16 +\| fp32 ", line)]
+    assert len(flash_rows) == 2 and all(re.search(r"\d+\.\d{3} / \d+\.\d{3}", r) for r in flash_rows)
+    assert "Speed-up of Triton FA2 over plain PyTorch" in text
     for figure in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
         assert (smoke_run / "report" / figure).resolve().is_file(), figure
 
@@ -110,6 +117,14 @@ def test_editing_a_template_redoes_only_the_writeup(smoke_run):
 def test_editing_the_model_redoes_the_benchmarks(smoke_run):
     with _edited(smoke_run / "src/cs336_systems/model.py"):
         assert stale_rules(smoke_run) == {"benchmark", "benchmark_table", "writeup"}
+
+
+def test_editing_the_triton_kernel_redoes_only_the_triton_flash_jobs(smoke_run):
+    config = yaml.safe_load((smoke_run / "config.yaml").read_text())["presets"]["smoke"]["flash"]
+    triton_jobs = len(config["seq_lengths"]) * len(config["d_heads"]) * len(config["dtypes"])
+    with _edited(smoke_run / "src/cs336_systems/kernels/flash_triton.py"):
+        assert stale_jobs(smoke_run) == {"flash": triton_jobs, "flash_leaderboard": 1,
+                                         "flash_table": 1, "writeup": 1}
 
 
 def test_editing_the_report_code_does_not_remeasure(smoke_run):

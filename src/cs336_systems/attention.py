@@ -35,9 +35,36 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> 
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 
+def _per_head(kernel, q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
+    """Run a (batch, seq, d) kernel over (..., seq, d) inputs by folding the leading dims."""
+    lead = q.shape[:-2]
+    fold = lambda t: t.reshape(-1, *t.shape[-2:])  # noqa: E731
+    return kernel.apply(fold(q), fold(k), fold(v), is_causal).reshape(*lead, *q.shape[-2:])
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    """FlashAttention-2, Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1)."""
+    from cs336_systems.kernels.flash_triton import FlashAttentionTriton  # triton only when used
+    return _per_head(FlashAttentionTriton, q, k, v, is_causal)
+
+
+def flash_pytorch_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    """FlashAttention-2, tiled PyTorch forward and compiled PyTorch backward."""
+    from cs336_systems.kernels.flash_pytorch import FlashAttentionPytorch
+    return _per_head(FlashAttentionPytorch, q, k, v, is_causal)
+
+
 ATTENTION_IMPLEMENTATIONS: dict[str, Callable[..., Tensor]] = {
     "eager": eager_attention,
     "sdpa": sdpa_attention,
+    "flash": flash_attention,
+    "flash-pytorch": flash_pytorch_attention,
+}
+
+# Sources a job must list when it runs an attention implementation that is imported lazily.
+ATTENTION_SOURCES: dict[str, tuple[str, ...]] = {
+    "flash": ("cs336_systems.kernels.flash_triton",),
+    "flash-pytorch": ("cs336_systems.kernels.flash_pytorch",),
 }
 
 

@@ -142,3 +142,25 @@ def lm_step_phases(model: nn.Module, token_ids: torch.Tensor, targets: torch.Ten
         optimizer.zero_grad(set_to_none=True)
 
     return [("forward", forward_loss), ("backward", backward), ("optimizer", optimizer_step)]
+
+
+def benchmark_ms(fn: Callable[[], object], device: torch.device | str, warmup_ms: float = 25,
+                 rep_ms: float = 100, grad_to_none: Sequence[torch.Tensor] | None = None
+                 ) -> float:
+    """Median time of `fn` in milliseconds.
+
+    On CUDA: `triton.testing.do_bench` (CUDA events, L2 flushed between calls, `warmup_ms` and
+    `rep_ms` of running). On CPU (smoke runs): the wall-clock harness above, a few calls.
+    """
+    if torch.device(device).type == "cuda":
+        from triton.testing import do_bench
+        return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none,
+                              return_mode="median"))
+
+    def call():
+        if grad_to_none:
+            for t in grad_to_none:
+                t.grad = None
+        fn()
+    times = time_callable(call, device, warmup_steps=1, measure_steps=3)
+    return statistics.median(times.measured_ms["call"])

@@ -9,6 +9,10 @@ rule writeup:
         benchmark_table=rules.benchmark_table.output.csv,
         benchmark_scaling_figure=rules.benchmark_table.output.scaling_figure,
         benchmark_warmup_figure=rules.benchmark_table.output.warmup_figure,
+        flash_table=rules.flash_table.output.csv,
+        flash_leaderboard_table=rules.flash_table.output.leaderboard_csv,
+        flash_latency_figure=rules.flash_table.output.latency_figure,
+        flash_speedup_figure=rules.flash_table.output.speedup_figure,
         code=sources("cs336_systems.report.writeup"),
         templates=WRITEUP_TEMPLATES,
     output:
@@ -20,4 +24,8 @@ rule writeup:
         " --benchmark-table {input.benchmark_table}"
         " --benchmark-scaling-figure {input.benchmark_scaling_figure}"
         " --benchmark-warmup-figure {input.benchmark_warmup_figure}"
+        " --flash-table {input.flash_table}"
+        " --flash-leaderboard-table {input.flash_leaderboard_table}"
+        " --flash-latency-figure {input.flash_latency_figure}"
+        " --flash-speedup-figure {input.flash_speedup_figure}"
         " --output {output}"

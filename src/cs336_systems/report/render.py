@@ -21,6 +21,8 @@ def fmt_ratio(value: float) -> str:
     """A factor: '2.9x'."""
     if value is None or math.isnan(value):
         return ""
+    if value < 0.1:
+        return f"{value:.2g}x"
     return f"{value:.2f}x" if value < 10 else f"{value:.1f}x" if value < 100 else f"{value:.0f}x"
 
 

@@ -2,7 +2,9 @@
 
     python -m cs336_systems.report.writeup --preset smoke --results-dir results/smoke \
         --benchmark-table results/smoke/tables/benchmark.csv \
-        --benchmark-scaling-figure ... --benchmark-warmup-figure ... --output report/writeup.md
+        --benchmark-scaling-figure ... --benchmark-warmup-figure ... \
+        --flash-table ... --flash-leaderboard-table ... --flash-latency-figure ... \
+        --flash-speedup-figure ... --output report/writeup.md
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pandas as pd
 
 from cs336_systems.records import git_commit, write_text_atomic
 from cs336_systems.report.render import render_template
-from cs336_systems.report.sections import benchmark
+from cs336_systems.report.sections import benchmark, flash
 from cs336_systems.report.tables import read_table
 
 
@@ -44,16 +46,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--benchmark-table", required=True)
     parser.add_argument("--benchmark-scaling-figure", required=True)
     parser.add_argument("--benchmark-warmup-figure", required=True)
+    parser.add_argument("--flash-table", required=True)
+    parser.add_argument("--flash-leaderboard-table", required=True)
+    parser.add_argument("--flash-latency-figure", required=True)
+    parser.add_argument("--flash-speedup-figure", required=True)
     parser.add_argument("--output", required=True)
     args = parser.parse_args(argv)
 
     benchmark_table = read_table(args.benchmark_table)
+    flash_table = read_table(args.flash_table)
+    flash_board = read_table(args.flash_leaderboard_table)
     sections = [
         benchmark.render(benchmark_table, args.benchmark_scaling_figure,
                          args.benchmark_warmup_figure, args.output),
+        flash.render(flash_table, flash_board, args.flash_latency_figure,
+                     args.flash_speedup_figure, args.output),
     ]
+    tables = [benchmark_table, flash_table, flash_board]
     text = render_template("writeup.md", results_dir=args.results_dir,
-                           header_rows=header_rows(args.preset, [benchmark_table]),
+                           header_rows=header_rows(args.preset, tables),
                            sections="\n\n".join(sections))
     write_text_atomic(args.output, text)
 

@@ -1,0 +1,50 @@
+"""Input checks shared by the kernels: each failure says what is supported."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def require_triton_device(*tensors: torch.Tensor) -> None:
+    """Triton kernels run on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1."""
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
+    device = devices.pop()
+    if device.type == "cuda":
+        return
+    if device.type == "cpu" and triton_interpreting():
+        return
+    raise ValueError(f"the Triton kernels need CUDA tensors (or CPU tensors with "
+                     f"TRITON_INTERPRET=1 set before triton is imported); got {device}")
+
+
+def _is_power_of_two_at_least_16(n: int) -> bool:
+    return n >= 16 and n & (n - 1) == 0
+
+
+def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q, k, v: (batch, seq, d), one dtype of bf16/fp16/fp32, seq and d powers of two >= 16."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.ndim != 3:
+            raise ValueError(f"{name} must have shape (batch, seq, d); got {tuple(t.shape)}")
+    if q.dtype not in SUPPORTED_DTYPES or len({q.dtype, k.dtype, v.dtype}) != 1:
+        raise ValueError(f"q, k, v must share one dtype of float32, bfloat16, float16; got "
+                         f"{q.dtype}, {k.dtype}, {v.dtype}")
+    if len({q.device, k.device, v.device}) != 1:
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"q (batch, n_queries, d) and k, v (batch, n_keys, d) must agree; got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    for label, n in (("n_queries", q.shape[1]), ("n_keys", k.shape[1]), ("d", q.shape[2])):
+        if not _is_power_of_two_at_least_16(n):
+            raise ValueError(f"{label} must be a power of two of at least 16 (16, 32, 64, ...); "
+                             f"got {n}")
