@@ -54,8 +54,8 @@ def flash_fwd_kernel(
     stride_vb, stride_vs, stride_vd,
     stride_ob, stride_os, stride_od,
     stride_lb, stride_ls,
-    N_QUERIES, N_KEYS, scale,
-    D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    N_QUERIES, N_KEYS,
+    SCALE: tl.constexpr, D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # program (query_tile, batch) owns rows [query_tile * Q_TILE, +Q_TILE) of one sequence
@@ -68,7 +68,7 @@ def flash_fwd_kernel(
     row_max = tl.full((Q_TILE,), float("-inf"), dtype=tl.float32)       # m, base 2
     row_sum = tl.zeros((Q_TILE,), dtype=tl.float32)                     # l
     acc = tl.zeros((Q_TILE, D), dtype=tl.float32)                       # O before 1/l
-    qk_scale = scale * LOG2_E                                           # scale * log2(e)
+    qk_scale = SCALE * LOG2_E                                           # scale * log2(e)
 
     # Alg. 1, line 6: one loop over key tiles; causal programs stop after their diagonal.
     k_end = N_KEYS
@@ -102,8 +102,8 @@ def flash_fwd_kernel(
 def flash_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     stride_b, stride_s, stride_d, stride_kb, stride_ks, stride_kd, stride_lb, stride_ls,
-    N_QUERIES, N_KEYS, scale,
-    D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    N_QUERIES, N_KEYS,
+    SCALE: tl.constexpr, D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Pass 1: program (key_tile, batch) accumulates dK and dV for its K_TILE keys."""
@@ -115,7 +115,7 @@ def flash_bwd_dkdv_kernel(
     v = _load_tile(v_ptr + batch * stride_kb, k_rows, N_KEYS, stride_ks, cols, stride_kd)
     grad_k = tl.zeros((K_TILE, D), dtype=tl.float32)
     grad_v = tl.zeros((K_TILE, D), dtype=tl.float32)
-    qk_scale = scale * LOG2_E
+    qk_scale = SCALE * LOG2_E
 
     # queries before this key tile cannot see it under a causal mask
     q_begin = 0
@@ -141,7 +141,7 @@ def flash_bwd_dkdv_kernel(
 
     k_mask = (k_rows < N_KEYS)[:, None]
     offsets = batch * stride_kb + k_rows[:, None] * stride_ks + cols[None, :] * stride_kd
-    tl.store(dk_ptr + offsets, (grad_k * scale).to(dk_ptr.dtype.element_ty), mask=k_mask)
+    tl.store(dk_ptr + offsets, (grad_k * SCALE).to(dk_ptr.dtype.element_ty), mask=k_mask)
     tl.store(dv_ptr + offsets, grad_v.to(dv_ptr.dtype.element_ty), mask=k_mask)
 
 
@@ -149,8 +149,8 @@ def flash_bwd_dkdv_kernel(
 def flash_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
     stride_b, stride_s, stride_d, stride_kb, stride_ks, stride_kd, stride_lb, stride_ls,
-    N_QUERIES, N_KEYS, scale,
-    D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    N_QUERIES, N_KEYS,
+    SCALE: tl.constexpr, D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Pass 2: program (query_tile, batch) accumulates dQ for its Q_TILE queries."""
@@ -164,7 +164,7 @@ def flash_bwd_dq_kernel(
     lse = tl.load(lse_ptr + batch * stride_lb + q_rows * stride_ls, mask=q_valid, other=0.0)
     delta = tl.load(delta_ptr + batch * stride_lb + q_rows * stride_ls, mask=q_valid, other=0.0)
     grad_q = tl.zeros((Q_TILE, D), dtype=tl.float32)
-    qk_scale = scale * LOG2_E
+    qk_scale = SCALE * LOG2_E
 
     k_end = N_KEYS
     if IS_CAUSAL:
@@ -183,7 +183,7 @@ def flash_bwd_dq_kernel(
         grad_q += tl.dot(grad_s.to(k.dtype), k, input_precision=DOT_PRECISION)
 
     tl.store(dq_ptr + batch * stride_b + q_rows[:, None] * stride_s + cols[None, :] * stride_d,
-             (grad_q * scale).to(dq_ptr.dtype.element_ty), mask=q_valid[:, None])
+             (grad_q * SCALE).to(dq_ptr.dtype.element_ty), mask=q_valid[:, None])
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -192,15 +192,20 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "tf32"  # ignored for bf16/fp16 operands
 
 
-def _forward_tiles(n_queries: int, n_keys: int, d: int) -> tuple[int, int, int]:
+def _forward_tiles(n_queries: int, n_keys: int, d: int, dtype: torch.dtype
+                   ) -> tuple[int, int, int]:
     """(Q_TILE, K_TILE, num_warps) for the forward kernel."""
-    q_tile = min(128 if d <= 64 else 64, n_queries)
-    k_tile = min(64, n_keys)
+    if dtype == torch.float32:  # full-fp32 dots run on the FMA units: small tiles, no spills
+        q_tile, k_tile = 32, 32
+    else:
+        q_tile, k_tile = (128 if d <= 64 else 64), 64
+    q_tile, k_tile = min(q_tile, n_queries), min(k_tile, n_keys)
     return q_tile, k_tile, 4 if q_tile <= 64 else 8
 
 
-def _backward_tiles(n_queries: int, n_keys: int, d: int) -> tuple[int, int, int]:
-    tile = 64 if d <= 64 else 32
+def _backward_tiles(n_queries: int, n_keys: int, d: int, dtype: torch.dtype
+                    ) -> tuple[int, int, int]:
+    tile = 32 if dtype == torch.float32 or d > 64 else 64
     return min(tile, n_queries), min(tile, n_keys), 4
 
 
@@ -210,13 +215,13 @@ def triton_flash_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool
     n_keys = k.shape[1]
     o = torch.empty_like(q)
     logsumexp = torch.empty(batch, n_queries, device=q.device, dtype=torch.float32)
-    q_tile, k_tile, num_warps = _forward_tiles(n_queries, n_keys, d)
+    q_tile, k_tile, num_warps = _forward_tiles(n_queries, n_keys, d, q.dtype)
     grid = (triton.cdiv(n_queries, q_tile), batch)
     flash_fwd_kernel[grid](
         q, k, v, o, logsumexp,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *logsumexp.stride(),
-        n_queries, n_keys, 1.0 / math.sqrt(d),
-        D=d, Q_TILE=q_tile, K_TILE=k_tile, IS_CAUSAL=is_causal,
+        n_queries, n_keys,
+        SCALE=1.0 / math.sqrt(d), D=d, Q_TILE=q_tile, K_TILE=k_tile, IS_CAUSAL=is_causal,
         DOT_PRECISION=_dot_precision(q.dtype), num_warps=num_warps, num_stages=2,
     )
     return o, logsumexp
@@ -229,17 +234,17 @@ def triton_flash_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp:
     grad_o = grad_o.contiguous()
     delta = (grad_o.float() * o.float()).sum(dim=-1)                    # D = rowsum(dO * O)
     grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    q_tile, k_tile, num_warps = _backward_tiles(n_queries, n_keys, d)
-    common = dict(D=d, Q_TILE=q_tile, K_TILE=k_tile, IS_CAUSAL=is_causal,
+    q_tile, k_tile, num_warps = _backward_tiles(n_queries, n_keys, d, q.dtype)
+    common = dict(SCALE=1.0 / math.sqrt(d), D=d, Q_TILE=q_tile, K_TILE=k_tile, IS_CAUSAL=is_causal,
                   DOT_PRECISION=_dot_precision(q.dtype), num_warps=num_warps, num_stages=2)
     # q, o and grad_o share one layout (contiguous), as do k and v.
     strides = (*q.stride(), *k.stride(), *logsumexp.stride())
     flash_bwd_dkdv_kernel[(triton.cdiv(n_keys, k_tile), batch)](
         q, k, v, grad_o, logsumexp, delta, grad_k, grad_v, *strides,
-        n_queries, n_keys, 1.0 / math.sqrt(d), **common)
+        n_queries, n_keys, **common)
     flash_bwd_dq_kernel[(triton.cdiv(n_queries, q_tile), batch)](
         q, k, v, grad_o, logsumexp, delta, grad_q, *strides,
-        n_queries, n_keys, 1.0 / math.sqrt(d), **common)
+        n_queries, n_keys, **common)
     return grad_q, grad_k, grad_v
 
 

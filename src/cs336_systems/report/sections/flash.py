@@ -86,7 +86,7 @@ def latency_figure(table: pd.DataFrame, path: str | Path) -> None:
 
 
 def speedup_figure(table: pd.DataFrame, path: str | Path) -> None:
-    fig, axes = figures.subplots(1, width=6.0)
+    fig, axes = figures.subplots(1, width=8.0)
     ax = axes[0][0]
     for over in ("pytorch", "sdpa"):
         s = speedups(table, over=over)
@@ -100,7 +100,7 @@ def speedup_figure(table: pd.DataFrame, path: str | Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     if ax.lines:
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
     figures.save(fig, path)
 
 
