@@ -1,0 +1,131 @@
+"""Starting and stopping process groups: spawned workers for tests, torchrun for benchmarks.
+
+`spawn(fn, world_size)` runs `fn(rank, world_size, *args)` in `world_size` fresh processes on
+this machine, each already joined to a process group (gloo on CPU, or nccl with one GPU per
+rank), and re-raises the first worker exception in the parent. It never hangs: collectives time
+out after `timeout_s` (the process group's own timeout) and the whole run is killed after
+`timeout_s` too.
+
+`setup_from_env()` is for scripts started by `torchrun`, which sets RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+MASTER_ADDR = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1 (the OS picks it: bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((MASTER_ADDR, 0))
+        return sock.getsockname()[1]
+
+
+def require_initialized(who: str) -> tuple[int, int]:
+    """(rank, world_size) of the default process group; a ValueError when there is none."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"{who} needs an initialized torch.distributed process group: call "
+                         "dist.init_process_group (or run under launch.spawn / setup_from_env)")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _worker(rank: int, fn: Callable, world_size: int, backend: str, port: int, timeout_s: float,
+            args: tuple, errors) -> None:
+    os.environ.update(MASTER_ADDR=MASTER_ADDR, MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    else:  # CPU ranks share the cores; oversubscribed intra-op threads only slow everyone down
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        fn(rank, world_size, *args)
+    except BaseException:
+        errors.put((time.time(), rank, traceback.format_exc()))
+        raise  # without destroy_process_group, which can block on pending collectives; exit frees
+    dist.destroy_process_group()
+
+
+def spawn(fn: Callable, world_size: int, backend: str = "gloo", args: tuple = (),
+          timeout_s: float = 120) -> None:
+    """Run `fn(rank, world_size, *args)` on `world_size` local processes joined in one group.
+
+    `fn` must be importable by name (a module-level function): the workers are started with the
+    "spawn" method. When a worker raises, the others are terminated and a RuntimeError carrying
+    the traceback of the rank that failed *first* is raised here (its peers then fail too, with
+    "connection closed" errors that hide the cause). A run still going after `timeout_s` seconds
+    is terminated and raises TimeoutError. Every call uses a fresh port.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(f"nccl with world_size {world_size} needs as many GPUs; "
+                         f"found {torch.cuda.device_count()}")
+    errors = mp.get_context("spawn").SimpleQueue()  # (time, rank, traceback) per failed worker
+    context = mp.start_processes(
+        _worker, args=(fn, world_size, backend, free_port(), timeout_s, tuple(args), errors),
+        nprocs=world_size, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        # join() returns True once all workers exited cleanly and raises on the first failure.
+        while not context.join(timeout=0.5):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"distributed run of {fn.__name__} (world_size {world_size}) "
+                                   f"did not finish within {timeout_s} s")
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+        failures = []
+        while not errors.empty():
+            failures.append(errors.get())
+        if not failures:  # killed without a Python exception (a signal, os._exit)
+            raise
+        _, rank, trace = min(failures)
+        raise RuntimeError(f"rank {rank} of {world_size} failed first ({len(failures)} failed):"
+                           f"\n{trace}") from error
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
+
+
+def setup_from_env(timeout_s: float = 600) -> tuple[int, int, torch.device]:
+    """Join the process group described by torchrun's environment; returns (rank, world, device).
+
+    Uses nccl and cuda:LOCAL_RANK when CUDA is available, gloo and the CPU otherwise.
+    """
+    missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+               if k not in os.environ]
+    if missing:
+        raise ValueError(f"setup_from_env needs the environment variables torchrun sets; "
+                         f"missing: {', '.join(missing)}")
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        backend, device = "nccl", torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        backend, device = "gloo", torch.device("cpu")
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return rank, world_size, device
+
+
+def cleanup() -> None:
+    """Leave the process group, if one is initialized (safe to call twice)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,107 @@
+"""Pieces of the distributed library checked in this process: bucketing, the autograd hook
+semantics DDP relies on, input validation, and FSDP's sharding and freeing on a 1-rank group."""
+
+from __future__ import annotations
+
+import datetime
+import weakref
+
+import pytest
+import torch
+import torch.distributed as dist
+from distributed_helpers import ToyModel, batches, loss_fn
+from torch import nn
+
+from cs336_systems.distributed import (
+    DDP, FSDP, DDPBucketed, ShardedOptimizer, allreduce_gradients_flat, assign_buckets,
+    broadcast_parameters, free_port,
+)
+from cs336_systems.distributed import fsdp as fsdp_module
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1, timeout=datetime.timedelta(seconds=30))
+    yield
+    dist.destroy_process_group()
+
+
+def test_assign_buckets_fills_in_order_and_isolates_large_parameters():
+    sizes = [10, 20, 30, 100, 5, 5]  # fp32: 4 bytes per element
+    params = [nn.Parameter(torch.randn(n)) for n in sizes]
+    buckets = assign_buckets(params, bucket_size_bytes=4 * 50)
+    assert [[p.numel() for p in b] for b in buckets] == [[10, 20], [30], [100], [5, 5]]
+    half = nn.Parameter(torch.randn(3, dtype=torch.float16))
+    assert len(assign_buckets([params[0], half], bucket_size_bytes=1e9)) == 2  # dtype splits
+
+
+def test_post_accumulate_grad_hook_fires_once_for_a_tied_weight_with_the_total_gradient():
+    model = ToyModel()
+    seen = []
+    model.embed.weight.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.clone()))
+    tokens, targets = next(batches(1))
+    loss_fn(model, tokens, targets).backward()
+    assert len(seen) == 1
+    torch.testing.assert_close(seen[0], model.embed.weight.grad)
+    # The total really has two parts: the head alone gives a different gradient.
+    embed_part = torch.autograd.grad(loss_fn(model, tokens, targets), model.embed.weight)[0]
+    assert not torch.allclose(embed_part, torch.zeros_like(embed_part))
+
+
+def test_constructors_reject_bad_input():
+    with pytest.raises(ValueError, match="bucket_size_mb"):
+        DDPBucketed(ToyModel(), bucket_size_mb=0)
+    with pytest.raises(ValueError, match="compute_dtype"):
+        FSDP(ToyModel(), compute_dtype=torch.int32)
+    for make in (lambda: DDP(ToyModel()), lambda: DDPBucketed(ToyModel(), 1.0),
+                 lambda: FSDP(ToyModel()), lambda: broadcast_parameters(ToyModel()),
+                 lambda: allreduce_gradients_flat(ToyModel()),
+                 lambda: ShardedOptimizer(ToyModel().parameters(), torch.optim.SGD, lr=0.1)):
+        with pytest.raises(ValueError, match="initialized"):
+            make()
+
+
+def test_fsdp_shards_frees_regathers_and_matches_plain_gradients(one_rank_group, monkeypatch):
+    torch.manual_seed(0)
+    plain = ToyModel()
+    model = FSDP(_copy_of(plain))
+    inner = model.module
+    # Shards (1-D) replace trainable parameters, one shared shard for the tied weight; the
+    # frozen layer stays whole.
+    assert inner.fc1.weight.shape == (inner.fc1.weight.numel(),)
+    assert inner.head.weight is inner.embed.weight
+    assert inner.frozen.weight.shape == plain.frozen.weight.shape
+    assert len(list(model.parameters())) == len(list(plain.parameters()))
+
+    # The full weight exists during the unit's forward only, even though autograd needs it.
+    full_fc1 = []  # a weak reference to the gathered weight, taken inside fc1's forward
+    inner.fc1.register_forward_hook(lambda m, args, out: full_fc1.append(weakref.ref(m.weight)),
+                                    prepend=True)  # runs before FSDP's post-forward hook
+    gathers = []
+    counting = fsdp_module._all_gather
+    monkeypatch.setattr(fsdp_module, "_all_gather",
+                        lambda out, inp: (gathers.append(out.numel()), counting(out, inp))[1])
+    tokens, targets = next(batches(1))
+    loss = loss_fn(model, tokens, targets)
+    assert len(full_fc1) == 1 and full_fc1[0]() is None  # freed once the forward is over
+    assert inner.fc1.weight.dim() == 1  # and the attribute is the shard again
+    forward_gathers = len(gathers)
+    loss.backward()
+    assert plain.fc1.weight.numel() in gathers[forward_gathers:]  # re-gathered for backward
+
+    loss_fn(plain, tokens, targets).backward()
+    full_grads = {name: p.grad for name, p in plain.named_parameters() if p.requires_grad}
+    for name, shard in inner.named_parameters():
+        if name in full_grads:
+            torch.testing.assert_close(shard.grad, full_grads[name].reshape(-1), msg=name)
+        else:
+            assert shard.grad is None and not shard.requires_grad
+    for name, value in model.gather_full_params().items():
+        torch.testing.assert_close(value, dict(plain.named_parameters())[name], rtol=0, atol=0)
+
+
+def _copy_of(model: ToyModel) -> ToyModel:
+    copy = ToyModel()
+    copy.load_state_dict(model.state_dict())
+    return copy
