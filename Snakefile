@@ -28,6 +28,7 @@ except ConfigError as error:
 include: "workflow/rules/common.smk"
 include: "workflow/rules/benchmark.smk"
 include: "workflow/rules/flash.smk"
+include: "workflow/rules/distributed.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -53,7 +53,7 @@ def stale_rules(workdir: Path) -> set[str]:
 def smoke_run(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("pipeline") / "repo"
     shutil.copytree(ROOT, workdir, ignore=_ignore)
-    snakemake(workdir, "report/writeup.md", "--cores", "2", "--resources", "gpu=2")
+    snakemake(workdir, "report/writeup.md", "--cores", "2")
     return workdir
 
 
@@ -76,6 +76,11 @@ def test_writeup_holds_the_benchmark_table_with_measured_numbers(smoke_run):
     flash_rows = [line for line in text.splitlines() if re.match(r"^\| 16 +\| fp32 ", line)]
     assert len(flash_rows) == 2 and all(re.search(r"\d+\.\d{3} / \d+\.\d{3}", r) for r in flash_rows)
     assert "Speed-up of Triton FA2 over plain PyTorch" in text
+    ddp_rows = [line for line in text.splitlines()
+                if re.match(r"^\| (naive|flat|overlap|bucketed [\d.]+ MB|torch) +\| ok ", line)]
+    assert len(ddp_rows) == 6, ddp_rows
+    assert "| nccl      | 2            | 1         | skipped" in text
+    assert "(c) C / W_ici = 2556 FLOPs per byte" in text
     for figure in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
         assert (smoke_run / "report" / figure).resolve().is_file(), figure
 
@@ -116,7 +121,9 @@ def test_editing_a_template_redoes_only_the_writeup(smoke_run):
 
 def test_editing_the_model_redoes_the_benchmarks(smoke_run):
     with _edited(smoke_run / "src/cs336_systems/model.py"):
-        assert stale_rules(smoke_run) == {"benchmark", "benchmark_table", "writeup"}
+        # every job that builds the LM, and nothing of the attention or all-reduce benchmarks
+        assert stale_rules(smoke_run) == {"benchmark", "benchmark_table", "ddp",
+                                          "sharded_optimizer", "distributed_tables", "writeup"}
 
 
 def test_editing_the_triton_kernel_redoes_only_the_triton_flash_jobs(smoke_run):
@@ -125,6 +132,13 @@ def test_editing_the_triton_kernel_redoes_only_the_triton_flash_jobs(smoke_run):
     with _edited(smoke_run / "src/cs336_systems/kernels/flash_triton.py"):
         assert stale_jobs(smoke_run) == {"flash": triton_jobs, "flash_leaderboard": 1,
                                          "flash_table": 1, "writeup": 1}
+
+
+def test_editing_ddp_redoes_the_ddp_jobs_only(smoke_run):
+    ddp = yaml.safe_load((smoke_run / "config.yaml").read_text())["presets"]["smoke"]["distributed"]["ddp"]
+    jobs = len(ddp["variants"]) - 1 + len(ddp["bucket_sizes_mb"])  # bucketed: one job per size
+    with _edited(smoke_run / "src/cs336_systems/distributed/ddp.py"):
+        assert stale_jobs(smoke_run) == {"ddp": jobs, "distributed_tables": 1, "writeup": 1}
 
 
 def test_editing_the_report_code_does_not_remeasure(smoke_run):

@@ -24,3 +24,10 @@ def test_unknown_module_is_an_error():
     import pytest
     with pytest.raises(ValueError, match="no module 'cs336_systems.nope'"):
         module_sources("cs336_systems.nope")
+
+
+def test_imports_through_a_package_follow_its_re_exports():
+    names = _names("cs336_systems.experiments.ddp")
+    assert {"distributed/ddp.py", "distributed/naive.py", "model.py"} <= names
+    assert "distributed/fsdp.py" not in names and "distributed/sharded_optimizer.py" not in names
+    assert "distributed/__init__.py" not in names

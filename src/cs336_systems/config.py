@@ -68,6 +68,20 @@ def _cross_checks(config: dict[str, Any]) -> list[str]:
                     problems.append(
                         f"config key 'presets.{name}.benchmark': context length {context} is "
                         f"longer than size {size!r} supports (at most {longest})")
+        dist = preset_config.get("distributed")
+        if dist:
+            for part in ("ddp", "sharded_optimizer"):
+                c = dist[part]
+                longest = MODEL_SIZES[c["size"]].max_context_length
+                if c["context_length"] > longest:
+                    problems.append(
+                        f"config key 'presets.{name}.distributed.{part}.context_length': "
+                        f"{c['context_length']} is longer than size {c['size']!r} supports "
+                        f"(at most {longest})")
+                if c["batch_size"] % c["world_size"]:
+                    problems.append(
+                        f"config key 'presets.{name}.distributed.{part}.batch_size': "
+                        f"{c['batch_size']} does not split evenly over world_size {c['world_size']}")
     return problems
 
 

@@ -4,9 +4,10 @@
 package, transitively, without importing anything, and returns the files. A Snakemake rule
 that lists them as inputs is redone when, and only when, code it runs changes.
 
-Package `__init__.py` files are left out on purpose: they only re-export, and counting them
-would make every job depend on every module. An import inside a function (a lazily loaded
-optional backend) is not followed either; a rule that needs such a backend lists it itself.
+`from package import name` follows the package's re-export of `name` to the module that
+defines it, not the whole `__init__.py`: counting every re-export would make every job depend
+on every module. An import inside a function (a lazily loaded optional backend) is not followed
+either; a rule that needs such a backend lists it itself.
 """
 
 from __future__ import annotations
@@ -28,25 +29,50 @@ def _module_file(module: str, src_root: Path) -> Path | None:
     return None
 
 
-def _imported_modules(path: Path, module: str) -> set[str]:
-    """Package modules named by the module-level imports of `path`."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    is_package = path.name == "__init__.py"
+def _package_exports(init_path: Path, package: str) -> dict[str, str]:
+    """name -> defining module, for the re-exports (`from pkg.mod import name`) of an __init__."""
+    exports = {}
+    for node in ast.parse(init_path.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            source = _resolve(node, package, is_package=True)
+            for alias in node.names:
+                exports[alias.asname or alias.name] = source
+    return exports
+
+
+def _resolve(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
     package = module if is_package else module.rpartition(".")[0]
+    parts = package.split(".")
+    base = ".".join(parts[: len(parts) - node.level + 1])
+    return f"{base}.{node.module}" if node.module else base
+
+
+def _imported_modules(path: Path, module: str, src_root: Path) -> set[str]:
+    """Package modules named by the module-level imports of `path`.
+
+    `from pkg import name` resolves to the submodule `pkg.name` if there is one, else to the
+    module the package's __init__ re-exports `name` from, else to the __init__ itself.
+    """
+    tree = ast.parse(path.read_text(), filename=str(path))
     found: set[str] = set()
     for node in tree.body:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1])
-                target = f"{base}.{node.module}" if node.module else base
-            else:
-                target = node.module or ""
-            found.add(target)
-            # `from pkg import mod` imports a module when `mod` is one.
-            found.update(f"{target}.{alias.name}" for alias in node.names)
+            target = _resolve(node, module, is_package=path.name == "__init__.py")
+            target_file = _module_file(target, src_root)
+            if target_file is None or target_file.name != "__init__.py":
+                found.add(target)
+                continue
+            exports = _package_exports(target_file, target)
+            for alias in node.names:
+                submodule = f"{target}.{alias.name}"
+                if _module_file(submodule, src_root) is not None:
+                    found.add(submodule)
+                else:
+                    found.add(exports.get(alias.name, target))
     return {name for name in found if name == PACKAGE or name.startswith(PACKAGE + ".")}
 
 
@@ -63,9 +89,8 @@ def _closure(module: str, src_root: Path) -> frozenset[Path]:
         path = _module_file(name, src_root)
         if path is None:
             continue  # a name imported from a module, not a module itself
-        if path.name != "__init__.py" or name == module:
-            files.add(path)
-        todo.extend(_imported_modules(path, name))
+        files.add(path)
+        todo.extend(_imported_modules(path, name, src_root))
     return frozenset(files)
 
 

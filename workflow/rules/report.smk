@@ -13,6 +13,12 @@ rule writeup:
         flash_leaderboard_table=rules.flash_table.output.leaderboard_csv,
         flash_latency_figure=rules.flash_table.output.latency_figure,
         flash_speedup_figure=rules.flash_table.output.speedup_figure,
+        allreduce_table=rules.distributed_tables.output.allreduce_csv,
+        ddp_table=rules.distributed_tables.output.ddp_csv,
+        sharded_table=rules.distributed_tables.output.sharded_csv,
+        accounting_table=rules.distributed_tables.output.accounting_csv,
+        allreduce_figure=rules.distributed_tables.output.allreduce_figure,
+        ddp_figure=rules.distributed_tables.output.ddp_figure,
         code=sources("cs336_systems.report.writeup"),
         templates=WRITEUP_TEMPLATES,
     output:
@@ -28,4 +34,7 @@ rule writeup:
         " --flash-leaderboard-table {input.flash_leaderboard_table}"
         " --flash-latency-figure {input.flash_latency_figure}"
         " --flash-speedup-figure {input.flash_speedup_figure}"
+        " --allreduce-table {input.allreduce_table} --ddp-table {input.ddp_table}"
+        " --sharded-table {input.sharded_table} --accounting-table {input.accounting_table}"
+        " --allreduce-figure {input.allreduce_figure} --ddp-figure {input.ddp_figure}"
         " --output {output}"

@@ -103,11 +103,15 @@ def spawn(fn: Callable, world_size: int, backend: str = "gloo", args: tuple = ()
             process.join()
 
 
-def setup_from_env(timeout_s: float = 600) -> tuple[int, int, torch.device]:
+def setup_from_env(timeout_s: float = 600, backend: str | None = None
+                   ) -> tuple[int, int, torch.device]:
     """Join the process group described by torchrun's environment; returns (rank, world, device).
 
-    Uses nccl and cuda:LOCAL_RANK when CUDA is available, gloo and the CPU otherwise.
+    By default nccl and cuda:LOCAL_RANK when CUDA is available, gloo and the CPU otherwise;
+    `backend="gloo"` keeps the ranks on the CPU even on a GPU machine.
     """
+    if backend not in (None, "gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
                if k not in os.environ]
     if missing:
@@ -115,11 +119,13 @@ def setup_from_env(timeout_s: float = 600) -> tuple[int, int, torch.device]:
                          f"missing: {', '.join(missing)}")
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available():
-        backend, device = "nccl", torch.device("cuda", local_rank)
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
-        backend, device = "gloo", torch.device("cpu")
+        device = torch.device("cpu")
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     return rank, world_size, device

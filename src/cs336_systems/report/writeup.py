@@ -16,7 +16,7 @@ import pandas as pd
 
 from cs336_systems.records import git_commit, write_text_atomic
 from cs336_systems.report.render import render_template
-from cs336_systems.report.sections import benchmark, flash
+from cs336_systems.report.sections import benchmark, distributed, flash
 from cs336_systems.report.tables import read_table
 
 
@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--flash-leaderboard-table", required=True)
     parser.add_argument("--flash-latency-figure", required=True)
     parser.add_argument("--flash-speedup-figure", required=True)
+    for name in ("allreduce-table", "ddp-table", "sharded-table", "accounting-table",
+                 "allreduce-figure", "ddp-figure"):
+        parser.add_argument(f"--{name}", required=True)
     parser.add_argument("--output", required=True)
     args = parser.parse_args(argv)
 
@@ -62,7 +65,11 @@ def main(argv: list[str] | None = None) -> None:
         flash.render(flash_table, flash_board, args.flash_latency_figure,
                      args.flash_speedup_figure, args.output),
     ]
-    tables = [benchmark_table, flash_table, flash_board]
+    allreduce, ddp = read_table(args.allreduce_table), read_table(args.ddp_table)
+    sharded, accounting = read_table(args.sharded_table), read_table(args.accounting_table)
+    sections.append(distributed.render(allreduce, ddp, sharded, accounting, args.allreduce_figure,
+                                       args.ddp_figure, args.output))
+    tables = [benchmark_table, flash_table, flash_board, allreduce, ddp, sharded]
     text = render_template("writeup.md", results_dir=args.results_dir,
                            header_rows=header_rows(args.preset, tables),
                            sections="\n\n".join(sections))

@@ -1,0 +1,165 @@
+"""naive_ddp_benchmarking, minimal_ddp_flat_benchmarking, ddp_overlap_* (§4.3-4.5).
+
+    python -m cs336_systems.experiments.ddp --variant bucketed --bucket-size-mb 100 \
+        --size xl --context-length 128 --batch-size 16 --world-size 2 --output r.json \
+        [--trace r.trace.json.gz]
+
+Times data-parallel training steps of the LM (AdamW, batch split over the ranks) with one of:
+  naive     one all-reduce per parameter after backward
+  flat      one all-reduce of all gradients flattened, after backward
+  overlap   DDP: per-parameter async all-reduces launched from gradient hooks
+  bucketed  DDPBucketed(bucket_size_mb): async all-reduce per bucket
+  torch     torch.nn.parallel.DistributedDataParallel, the reference
+Phases are timed with the harness (synchronize after each). For naive and flat the all-reduces
+are their own `communicate` phase; for the overlapped variants communication runs inside the
+backward phase and `communicate` is the exposed wait in finish_gradient_synchronization. A
+profiler trace of two steps (rank 0) goes to --trace, and the GPU time of the collective
+kernels per step is read from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from cs336_systems.distributed import (DDP, DDPBucketed, allreduce_gradients_flat,
+                                       allreduce_gradients_individually, broadcast_parameters)
+from cs336_systems.experiments.cli import add_common_arguments, non_negative_int, positive_int
+from cs336_systems.experiments.torchrun import launch_or_work
+from cs336_systems.loss import cross_entropy
+from cs336_systems.model import MODEL_SIZES, VOCAB_SIZE, build_model, count_parameters
+from cs336_systems.optimizer import AdamW
+from cs336_systems.timing import time_phases
+
+VARIANTS = ("naive", "flat", "overlap", "bucketed", "torch")
+
+
+def wrap(model: torch.nn.Module, config: dict, device: torch.device) -> torch.nn.Module:
+    variant = config["variant"]
+    if variant == "overlap":
+        return DDP(model)
+    if variant == "bucketed":
+        return DDPBucketed(model, config["bucket_size_mb"])
+    if variant == "torch":
+        device_ids = [device.index] if device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    broadcast_parameters(model)
+    return model
+
+
+def communicate_fn(model: torch.nn.Module, variant: str):
+    if variant == "naive":
+        return lambda: allreduce_gradients_individually(model)
+    if variant == "flat":
+        return lambda: allreduce_gradients_flat(model)
+    if variant in ("overlap", "bucketed"):
+        return model.finish_gradient_synchronization
+    return lambda: None  # torch's DDP has finished its all-reduces when backward returns
+
+
+def collective_ms_per_step(prof, device: torch.device, steps: int) -> float:
+    """Time per step spent in collectives, from the profile: the NCCL kernels' own GPU time on
+    CUDA, the gloo operations' CPU time otherwise (self times, so nothing counts twice)."""
+    total_us = 0.0
+    for event in prof.key_averages():
+        name = event.key.lower()
+        if device.type == "cuda" and "nccl" in name:
+            total_us += event.self_device_time_total
+        elif device.type == "cpu" and name.startswith("gloo:"):
+            total_us += event.cpu_time_total  # gloo ops run in their own thread, no children
+    return total_us / 1e3 / steps
+
+
+def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:
+    if config["batch_size"] % world_size:
+        raise ValueError(f"batch size {config['batch_size']} does not split over {world_size} ranks")
+    torch.manual_seed(config["seed"])
+    model = wrap(build_model(config["size"], config["context_length"], device=device), config, device)
+    optimizer = AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator(device=device).manual_seed(config["seed"] + rank)
+    shape = (config["batch_size"] // world_size, config["context_length"])
+    token_ids = torch.randint(0, VOCAB_SIZE, shape, device=device, generator=generator)
+    targets = torch.randint(0, VOCAB_SIZE, shape, device=device, generator=generator)
+    state = {}
+
+    def forward():
+        state["loss"] = cross_entropy(model(token_ids), targets)
+
+    def backward():
+        state.pop("loss").backward()
+
+    def optimizer_step():
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    phases = [("forward", forward), ("backward", backward),
+              ("communicate", communicate_fn(model, config["variant"])),
+              ("optimizer", optimizer_step)]
+    times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"])
+    metrics = {k: v for k, v in times.metrics().items() if "warmup" not in k}
+
+    profile_steps = 2
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        time_phases(phases, device, 0, profile_steps)
+    metrics["collective_ms_per_step"] = collective_ms_per_step(prof, device, profile_steps)
+    if rank == 0 and config["trace"]:
+        _export_trace(prof, config["trace"])
+        metrics["trace_file"] = Path(config["trace"]).name
+
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    metrics["parameters"] = count_parameters(model)
+    metrics["gradient_bytes"] = sum(p.numel() * p.element_size() for p in parameters)
+    if config["variant"] == "bucketed":
+        metrics["buckets"] = len(model.buckets)
+    if device.type == "cuda":
+        metrics["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return metrics
+
+
+def _export_trace(prof, path: str) -> None:
+    """Chrome trace, gzipped (open in chrome://tracing or ui.perfetto.dev)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(raw))
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variant", required=True, choices=VARIANTS)
+    parser.add_argument("--bucket-size-mb", type=float, default=None,
+                        help="bucket size for --variant bucketed")
+    parser.add_argument("--size", default="xl", choices=list(MODEL_SIZES))
+    parser.add_argument("--context-length", type=positive_int, default=128)
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="global batch size")
+    parser.add_argument("--world-size", type=positive_int, default=2)
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                        help="default: nccl with CUDA, gloo without")
+    parser.add_argument("--warmup-steps", type=non_negative_int, default=3)
+    parser.add_argument("--measure-steps", type=positive_int, default=10)
+    parser.add_argument("--trace", default=None, help="where to write rank 0's profiler trace")
+    add_common_arguments(parser)
+    args = parser.parse_args(argv)
+    if (args.variant == "bucketed") != (args.bucket_size_mb is not None):
+        parser.error("--bucket-size-mb goes with --variant bucketed, and only with it")
+    if args.bucket_size_mb is not None and args.bucket_size_mb <= 0:
+        parser.error(f"--bucket-size-mb must be positive, got {args.bucket_size_mb}")
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
+    config["backend"] = backend
+    launch_or_work("cs336_systems.experiments.ddp", "ddp", config, args.output, work,
+                   args.world_size, backend)
+
+
+if __name__ == "__main__":
+    main()
