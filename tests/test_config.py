@@ -70,5 +70,11 @@ def test_auto_preset_follows_the_device(config):
     assert resolve_preset(config, cuda_available=False)[0] == "smoke"
     explicit = copy.deepcopy(config)
     explicit["preset"] = "quick"
-    name, preset = resolve_preset(explicit, cuda_available=False)
+    name, preset = resolve_preset(explicit, cuda_available=True)
     assert name == "quick" and preset == config["presets"]["quick"]
+
+
+def test_gpu_preset_on_a_cpu_machine_is_refused_with_the_alternatives(config):
+    config["preset"] = "quick"
+    with pytest.raises(ConfigError, match="'quick' needs a CUDA GPU .* presets for a CPU: smoke"):
+        resolve_preset(config, cuda_available=False)

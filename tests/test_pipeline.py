@@ -77,7 +77,7 @@ def test_writeup_holds_the_benchmark_table_with_measured_numbers(smoke_run):
     assert len(flash_rows) == 2 and all(re.search(r"\d+\.\d{3} / \d+\.\d{3}", r) for r in flash_rows)
     assert "Speed-up of Triton FA2 over plain PyTorch" in text
     ddp_rows = [line for line in text.splitlines()
-                if re.match(r"^\| (naive|flat|overlap|bucketed [\d.]+ MB|torch) +\| ok ", line)]
+                if re.match(r"^\| (naive|flat|overlap|bucketed [\d.]+ MiB|torch) +\| ok ", line)]
     assert len(ddp_rows) == 6, ddp_rows
     assert "| nccl      | 2            | 1         | skipped" in text
     assert "(c) C / W_ici = 2556 FLOPs per byte" in text

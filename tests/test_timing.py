@@ -6,7 +6,8 @@ import torch
 
 from cs336_systems.model import VOCAB_SIZE, build_model
 from cs336_systems.optimizer import AdamW
-from cs336_systems.timing import (autocast_context, lm_step_phases, summarize, time_callable,
+from cs336_systems.lm_step import lm_step_phases
+from cs336_systems.timing import (autocast_context, summarize, time_callable,
                                   time_phases)
 
 

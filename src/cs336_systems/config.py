@@ -97,4 +97,13 @@ def resolve_preset(config: dict[str, Any], cuda_available: bool | None = None
     if name not in config["presets"]:
         raise ConfigError(f"config key 'preset': {name!r} is not a preset; allowed: "
                           f"{', '.join([AUTO, *config['presets']])}")
-    return name, config["presets"][name]
+    preset = config["presets"][name]
+    if preset["requires_cuda"]:
+        if cuda_available is None:
+            import torch
+            cuda_available = torch.cuda.is_available()
+        if not cuda_available:
+            cpu_presets = [n for n, p in config["presets"].items() if not p["requires_cuda"]]
+            raise ConfigError(f"config key 'preset': {name!r} needs a CUDA GPU and this machine "
+                              f"has none; presets for a CPU: {', '.join(cpu_presets)}")
+    return name, preset

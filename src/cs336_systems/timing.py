@@ -14,11 +14,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
-from cs336_systems.loss import cross_entropy
-
-MODES = ("forward", "forward-backward", "train-step")
 PRECISIONS = ("fp32", "bf16")
 
 Phase = tuple[str, Callable[[], object]]
@@ -99,49 +95,6 @@ def time_phases(phases: Sequence[Phase], device: torch.device | str, warmup_step
 def time_callable(fn: Callable[[], object], device: torch.device | str, warmup_steps: int,
                   measure_steps: int, name: str = "call") -> StepTimes:
     return time_phases([(name, fn)], device, warmup_steps, measure_steps, total_name=None)
-
-
-def lm_step_phases(model: nn.Module, token_ids: torch.Tensor, targets: torch.Tensor,
-                   mode: str, precision: str,
-                   optimizer: torch.optim.Optimizer | None = None) -> list[Phase]:
-    """The phases of one LM benchmark step in `mode`.
-
-    forward:          forward pass only, under `torch.no_grad()` (inference)
-    forward-backward: forward + loss, then backward
-    train-step:       forward + loss, backward, optimizer step (needs `optimizer`)
-    """
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
-    device = token_ids.device
-    state: dict[str, torch.Tensor] = {}
-
-    if mode == "forward":
-        def forward():
-            with torch.no_grad(), autocast_context(device, precision):
-                model(token_ids)
-        return [("forward", forward)]
-
-    def forward_loss():
-        with autocast_context(device, precision):
-            state["loss"] = cross_entropy(model(token_ids), targets)
-
-    def backward():
-        state.pop("loss").backward()
-
-    if mode == "forward-backward":
-        def backward_and_clear():
-            backward()
-            model.zero_grad(set_to_none=True)
-        return [("forward", forward_loss), ("backward", backward_and_clear)]
-
-    if optimizer is None:
-        raise ValueError("mode 'train-step' needs an optimizer")
-
-    def optimizer_step():
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return [("forward", forward_loss), ("backward", backward), ("optimizer", optimizer_step)]
 
 
 def benchmark_ms(fn: Callable[[], object], device: torch.device | str, warmup_ms: float = 25,

@@ -1,8 +1,10 @@
 # benchmarking_script (assignment section 1.1): one job per
 # (size, context length, mode, precision, warm-up count), then one table, two figures.
 
+from cs336_systems.attention import ATTENTION_SOURCES
 from cs336_systems.model import MODEL_SIZES
-from cs336_systems.timing import MODES, PRECISIONS
+from cs336_systems.lm_step import MODES
+from cs336_systems.timing import PRECISIONS
 
 BENCH = P["benchmark"]
 BENCH_RECORD = (f"{RESULTS}/benchmark/{{size}}_ctx{{context_length}}_{{mode}}_{{precision}}"
@@ -22,7 +24,9 @@ def benchmark_records():
 
 rule benchmark:
     input:
-        sources("cs336_systems.experiments.benchmark"),
+        # plus the kernels of an attention implementation that is imported lazily
+        sources("cs336_systems.experiments.benchmark",
+                *ATTENTION_SOURCES.get(BENCH["attention"], ())),
     output:
         BENCH_RECORD,
     wildcard_constraints:

@@ -16,7 +16,8 @@ from cs336_systems.model import (MODEL_SIZES, VOCAB_SIZE, build_model, count_par
                                  forward_flops)
 from cs336_systems.optimizer import AdamW
 from cs336_systems.records import run_and_record
-from cs336_systems.timing import MODES, PRECISIONS, lm_step_phases, time_phases
+from cs336_systems.lm_step import MODES, lm_step_phases
+from cs336_systems.timing import PRECISIONS, time_phases
 
 
 def measure(config: dict, device: torch.device) -> dict:

@@ -13,8 +13,8 @@ Times data-parallel training steps of the LM (AdamW, batch split over the ranks)
 Phases are timed with the harness (synchronize after each). For naive and flat the all-reduces
 are their own `communicate` phase; for the overlapped variants communication runs inside the
 backward phase and `communicate` is the exposed wait in finish_gradient_synchronization. A
-profiler trace of two steps (rank 0) goes to --trace, and the GPU time of the collective
-kernels per step is read from it.
+profiler trace of two steps (rank 0) goes to --trace, and from the same profile the time per
+step during which a collective was running (`collective_busy_ms_per_step`, overlaps merged).
 """
 
 from __future__ import annotations
@@ -63,17 +63,30 @@ def communicate_fn(model: torch.nn.Module, variant: str):
     return lambda: None  # torch's DDP has finished its all-reduces when backward returns
 
 
-def collective_ms_per_step(prof, device: torch.device, steps: int) -> float:
-    """Time per step spent in collectives, from the profile: the NCCL kernels' own GPU time on
-    CUDA, the gloo operations' CPU time otherwise (self times, so nothing counts twice)."""
-    total_us = 0.0
-    for event in prof.key_averages():
-        name = event.key.lower()
-        if device.type == "cuda" and "nccl" in name:
-            total_us += event.self_device_time_total
-        elif device.type == "cpu" and name.startswith("gloo:"):
-            total_us += event.cpu_time_total  # gloo ops run in their own thread, no children
-    return total_us / 1e3 / steps
+def is_collective(name: str, device: torch.device) -> bool:
+    """The events that do the communication: NCCL's kernels on CUDA (not the `nccl:*`
+    annotations around them, which span the same time), gloo's operations on the CPU."""
+    name = name.lower()
+    if device.type == "cuda":
+        return name.startswith(("ncclkernel", "nccldevkernel"))
+    return name.startswith("gloo:")
+
+
+def merged_length(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals: overlapping calls count once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def collective_busy_ms_per_step(prof, device: torch.device, steps: int) -> float:
+    """Wall time per step during which at least one collective was running, from the profile."""
+    intervals = [(e.time_range.start, e.time_range.end) for e in prof.events()
+                 if is_collective(e.name, device)]
+    return merged_length(intervals) / 1e3 / steps
 
 
 def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:
@@ -108,7 +121,7 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         time_phases(phases, device, 0, profile_steps)
-    metrics["collective_ms_per_step"] = collective_ms_per_step(prof, device, profile_steps)
+    metrics["collective_busy_ms_per_step"] = collective_busy_ms_per_step(prof, device, profile_steps)
     if rank == 0 and config["trace"]:
         _export_trace(prof, config["trace"])
         metrics["trace_file"] = Path(config["trace"]).name

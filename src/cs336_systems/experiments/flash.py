@@ -119,6 +119,10 @@ def main(argv: list[str] | None = None) -> dict:
                         help="time torch.compile(the implementation), as the leaderboard does")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
+    for name in ("seq", "d"):
+        value = getattr(args, name)
+        if value < 16 or value & (value - 1):
+            parser.error(f"--{name} must be a power of two of at least 16, got {value}")
     config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
     return run_and_record("flash", config, args.output, lambda device: measure(config, device),
                           args.device)

@@ -12,6 +12,7 @@ record with the tail of its output.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -55,11 +56,14 @@ def _launch(module, section, config, output, world_size, backend, timeout_s) -> 
     Path(output).unlink(missing_ok=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={world_size}", "-m", module, *sys.argv[1:]]
+    # its own process group, so that a timeout takes torchrun's workers down with it
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-        log = result.stdout + result.stderr
-    except subprocess.TimeoutExpired as expired:
-        log = f"timed out after {timeout_s} s\n{expired.stderr or ''}"
+        log, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        log = f"timed out after {timeout_s} s\n{process.communicate()[0]}"
     if not Path(output).exists():
         status = "oom" if "out of memory" in log.lower() else "error"
         write_json_atomic(output, make_record(section, config, status,

@@ -69,6 +69,7 @@ class WeightedSumFn(torch.autograd.Function):
             raise ValueError(f"weighted_sum needs x of shape (..., D) and weight of shape (D,); "
                              f"got {tuple(x.shape)} and {tuple(weight.shape)}")
         leading = x.shape[:-1]
+        weight = weight.contiguous()  # the kernels index it with unit stride
         x2d = rearrange(x, "... d -> (...) d")
         n_rows, D = x2d.shape
         rows_per_tile, d_tile = _tiles(D)

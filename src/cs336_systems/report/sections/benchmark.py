@@ -49,7 +49,8 @@ def display_table(rows: pd.DataFrame) -> pd.DataFrame:
     for phase in PHASES:
         out[f"{phase} ms"] = [mean_pm_std(m, s) for m, s in
                               zip(rows[f"{phase}_ms_mean"], rows[f"{phase}_ms_std"])]
-    out["model TFLOP/s"] = rows["model_tflop_per_s"].map(lambda v: fmt(v, 1))
+    out["model TFLOP/s"] = [fmt(v, 1) if pd.notna(v) else ("n/a" if status == "ok" else "")
+                            for v, status in zip(rows["model_tflop_per_s"], rows["status"])]
     out["peak GiB"] = rows["peak_gib"].map(lambda v: fmt(v, 2))
     return out
 
@@ -101,6 +102,8 @@ def _variability_sentence(ok: pd.DataFrame) -> str:
     ratios = []
     for phase in PHASES:
         has = ok[f"{phase}_ms_mean"].notna()
+        if phase == "step":  # a forward-only step is its forward phase: count it once
+            has &= ok["mode"] != "forward"
         r = (ok.loc[has, f"{phase}_ms_std"] / ok.loc[has, f"{phase}_ms_mean"]).rename("ratio")
         ratios.append(pd.concat([ok.loc[has, CONFIG_COLUMNS], r], axis=1).assign(phase=phase))
     ratios = pd.concat(ratios, ignore_index=True)
@@ -201,6 +204,15 @@ def _warmup_analysis(table: pd.DataFrame) -> tuple[str, str]:
     return to_markdown(pd.DataFrame(rows)), bullets(sentences)
 
 
+def _warmup_causes(table: pd.DataFrame) -> str:
+    on_cuda = "env_device" in table and (table["env_device"] == "cuda").any()
+    if on_cuda:
+        return ("CUDA context and cuBLAS handle creation, kernel selection and lazy module "
+                "loading, and the caching allocator growing its pool to the step's working set")
+    return ("lazy initialisation in PyTorch (operator dispatch tables, thread pools), the "
+            "allocator reaching the step's working set, and cold CPU caches")
+
+
 def render(table: pd.DataFrame, scaling_figure_path: str, warmup_figure_path: str,
            writeup_path: str) -> str:
     ok = table[table["status"] == "ok"]
@@ -229,6 +241,7 @@ def render(table: pd.DataFrame, scaling_figure_path: str, warmup_figure_path: st
         warmup_table=warmup_table,
         warmup_sentences=warmup_sentences,
         warmup_figure=relative_link(warmup_figure_path, writeup_path),
+        warmup_causes=_warmup_causes(table),
         ok_count=len(ok),
     )
 

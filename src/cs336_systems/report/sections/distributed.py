@@ -24,7 +24,7 @@ ALLREDUCE_METRICS = ["allreduce_ms_median", "allreduce_ms_mean", "allreduce_ms_s
                      "size_bytes", "algbw_gbps", "busbw_gbps"]
 DDP_PHASES = ["forward", "backward", "communicate", "optimizer", "step"]
 DDP_METRICS = ([f"{p}_ms_{s}" for p in DDP_PHASES for s in ("mean", "std")]
-               + ["collective_ms_per_step", "gradient_bytes", "buckets", "parameters",
+               + ["collective_busy_ms_per_step", "gradient_bytes", "buckets", "parameters",
                   "peak_gib", "trace_file"])
 SHARDED_METRICS = ["allocated_gib_after_init", "allocated_gib_before_step",
                    "allocated_gib_after_step", "peak_gib", "parameter_gib", "gradient_gib",
@@ -59,20 +59,23 @@ def sharded_table(paths: list[str]) -> pd.DataFrame:
                   "status", *SHARDED_METRICS, "message", *_env(frame)]]
 
 
-def fit_latency_bandwidth(rows: pd.DataFrame) -> tuple[float, float] | None:
-    """Least-squares t = o + bytes / w over the sizes of one (backend, world size):
-    returns (o in ms, w in GB/s), or None with fewer than two sizes."""
+def fit_latency_bandwidth(rows: pd.DataFrame) -> tuple[float | None, float] | None:
+    """Fit t = o + bytes / w over the sizes of one (backend, world size), weighting each size
+    by 1/t so that the small sizes, which carry o, are not drowned by the large ones.
+    Returns (o in ms, or None where the fit's intercept is not positive; w in GB/s), or None
+    with fewer than two sizes."""
     rows = rows.dropna(subset=["allreduce_ms_median"])
     if rows["size_bytes"].nunique() < 2:
         return None
-    slope, intercept = np.polyfit(rows["size_bytes"], rows["allreduce_ms_median"], 1)
+    t = rows["allreduce_ms_median"].to_numpy()
+    slope, intercept = np.polyfit(rows["size_bytes"], t, 1, w=1.0 / t)
     if slope <= 0:
         return None
-    return max(intercept, 0.0), 1.0 / slope / 1e6  # ms per byte -> GB/s
+    return (intercept if intercept > 0 else None), 1.0 / slope / 1e6  # ms per byte -> GB/s
 
 
 def _label(row) -> str:
-    return (f"bucketed {row['bucket_size_mb']:g} MB" if row["variant"] == "bucketed"
+    return (f"bucketed {row['bucket_size_mb']:g} MiB" if row["variant"] == "bucketed"
             else str(row["variant"]))
 
 
@@ -124,8 +127,10 @@ def _allreduce_sentences(table: pd.DataFrame) -> list[str]:
         text = (f"{backend}, {world} processes: {fmt(largest['busbw_gbps'], 1)} GB/s bus bandwidth "
                 f"at {largest['size_mb']:g} MB ({fmt(largest['allreduce_ms_median'], 3)} ms)")
         if fit:
-            text += (f"; a line t = o + bytes / w through the sizes gives o = "
-                     f"{fmt(fit[0] * 1e3, 0)} us and w = {fmt(fit[1], 1)} GB/s")
+            latency = (f"o = {fmt(fit[0] * 1e3, 0)} us" if fit[0] is not None
+                       else "no positive o (the per-call cost is below what these sizes resolve)")
+            text += (f"; fitting t = o + bytes / w (weighted 1/t) through the sizes gives "
+                     f"{latency} and w = {fmt(fit[1], 1)} GB/s")
         sentences.append(text + ".")
     both = ok.pivot_table(index=["world_size", "size_mb"], columns="backend",
                           values="allreduce_ms_median")
@@ -149,7 +154,9 @@ def _ddp_display(table: pd.DataFrame) -> pd.DataFrame:
     for phase in DDP_PHASES:
         out[f"{phase} ms"] = [mean_pm_std(m, s) for m, s in
                               zip(table[f"{phase}_ms_mean"], table[f"{phase}_ms_std"])]
-    out["collectives ms/step (profile)"] = table["collective_ms_per_step"].map(lambda v: fmt(v, 2))
+    out["collectives busy ms/step"] = [
+        fmt(v, 2) if pd.notna(v) else ("n/a" if status == "ok" else "")
+        for v, status in zip(table["collective_busy_ms_per_step"], table["status"])]
     out["trace"] = table["trace_file"].fillna("")
     return out
 
@@ -193,8 +200,9 @@ def _overhead_model(ddp: pd.DataFrame, allreduce: pd.DataFrame) -> tuple[str, st
     fit = fit_latency_bandwidth(allreduce[(allreduce["status"] == "ok")
                                           & (allreduce["backend"] == backend)
                                           & (allreduce["world_size"] == world)])
-    if fit is None:
-        return f"_(needs {backend} all-reduce records at two or more sizes for {world} processes)_", ""
+    if fit is None or fit[0] is None:
+        return (f"_(needs {backend} all-reduce records at two or more sizes for {world} "
+                "processes, with a resolvable per-call cost o)_", "")
     o_ms, w_gbps = fit
     s_bytes = float(bucketed.iloc[0]["gradient_bytes"])
     n = naive.iloc[0]
@@ -204,17 +212,17 @@ def _overhead_model(ddp: pd.DataFrame, allreduce: pd.DataFrame) -> tuple[str, st
         n_b = int(r["buckets"])
         predicted = s_bytes / n_b / (w_gbps * 1e6) + n_b * o_ms
         gaps.append(r["step_ms_mean"] - compute_ms - predicted)
-        rows.append({"bucket MB": f"{r['bucket_size_mb']:g}", "buckets n_b": n_b,
+        rows.append({"bucket MiB": f"{r['bucket_size_mb']:g}", "buckets n_b": n_b,
                      "predicted overhead ms": fmt(predicted, 2),
                      "measured overhead ms": fmt(r["step_ms_mean"] - compute_ms, 2)})
     slowdown = bucketed["backward_ms_mean"] - n["backward_ms_mean"]
     b_star = math.sqrt(s_bytes * w_gbps * 1e6 * o_ms)  # bytes
     sentences = [
-        f"With s = {fmt(s_bytes / 1e6, 1)} MB of gradients, and o = {fmt(o_ms * 1e3, 0)} us and "
+        f"With s = {fmt(s_bytes / 2**20, 1)} MiB of gradients, and o = {fmt(o_ms * 1e3, 0)} us and "
         f"w = {fmt(w_gbps, 1)} GB/s fitted to the {backend} all-reduce records for {world} "
         f"processes, the model predicts the overhead in the table; the measured overhead is the "
         f"bucketed step time minus the naive step's compute phases ({fmt(compute_ms, 1)} ms).",
-        f"Optimal bucket size b* = sqrt(s w o) = {fmt(b_star / 1e6, 1)} MB "
+        f"Optimal bucket size b* = sqrt(s w o) = {fmt(b_star / 2**20, 1)} MiB "
         f"(n_b* = sqrt(s / (w o)) = {fmt(s_bytes / b_star, 1)} buckets).",
         f"The model leaves out that communicating during backward slows backward itself: the "
         f"bucketed backward phase takes {fmt(slowdown.min(), 1)} to {fmt(slowdown.max(), 1)} ms "
@@ -247,15 +255,20 @@ def _sharded(table: pd.DataFrame) -> tuple[str, str]:
                          f"replicated, {fmt(s['optimizer_state_gib'], 2)} GiB sharded "
                          f"({fmt(100 * s['optimizer_state_gib'] / rep['optimizer_state_gib'], 0)}%).")
         if pd.notna(rep["peak_gib"]) and pd.notna(s["peak_gib"]):
-            sentences.append(f"Peak memory {fmt(rep['peak_gib'], 2)} -> {fmt(s['peak_gib'], 2)} GiB; "
-                             f"the replicated peak is about parameters + gradients + state + "
-                             f"activations = {fmt(rep['parameter_gib'], 2)} + {fmt(rep['gradient_gib'], 2)} + "
-                             f"{fmt(rep['optimizer_state_gib'], 2)} + the rest "
-                             f"({fmt(rep['peak_gib'] - rep['parameter_gib'] - rep['gradient_gib'] - rep['optimizer_state_gib'], 2)} GiB).")
+            # the flat all-reduce holds a second copy of every gradient while it runs
+            known = (rep["parameter_gib"] + 2 * rep["gradient_gib"] + rep["optimizer_state_gib"])
+            sentences.append(f"Peak memory {fmt(rep['peak_gib'], 2)} -> {fmt(s['peak_gib'], 2)} GiB. "
+                             f"The replicated peak is parameters + gradients + optimizer state + "
+                             f"the flat all-reduce's copy of the gradients = "
+                             f"{fmt(rep['parameter_gib'], 2)} + {fmt(rep['gradient_gib'], 2)} + "
+                             f"{fmt(rep['optimizer_state_gib'], 2)} + {fmt(rep['gradient_gib'], 2)} "
+                             f"GiB, plus {fmt(rep['peak_gib'] - known, 2)} GiB of everything else "
+                             f"(activations are freed by then, allocator rounding).")
         sentences.append(f"Step time {fmt(rep['step_ms_mean'], 1)} ms replicated, "
                          f"{fmt(s['step_ms_mean'], 1)} ms sharded; the optimizer phase "
                          f"{fmt(rep['optimizer_ms_mean'], 1)} -> {fmt(s['optimizer_ms_mean'], 1)} ms "
-                         "(half the parameters updated, then every parameter broadcast from its owner).")
+                         f"(each rank updates about 1/{int(s['world_size'])} of the parameters, then "
+                         "every parameter is broadcast from its owner).")
     return to_markdown(pd.DataFrame(rows)), bullets(sentences)
 
 

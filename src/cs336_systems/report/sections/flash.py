@@ -128,6 +128,19 @@ def _pass_sentence(table: pd.DataFrame) -> str:
     return ("Median speed-up over plain PyTorch by pass: " + ", ".join(parts) + ".") if parts else ""
 
 
+LAUNCH_BOUND_MS = 0.2
+
+
+def _launch_bound_sentence(table: pd.DataFrame) -> str:
+    timed = table.dropna(subset=["forward_backward_ms"])
+    small = timed[timed["forward_backward_ms"] < LAUNCH_BOUND_MS]
+    if small.empty:
+        return ""
+    return (f"{len(small)} of {len(timed)} measured cells take under {LAUNCH_BOUND_MS} ms for "
+            "forward+backward, where kernel-launch and Python overhead, not the attention "
+            "itself, set the time; the speed-ups above include them.")
+
+
 def _memory_sentence(table: pd.DataFrame) -> str:
     parts = []
     for (impl, d, dtype), group in table.groupby(["impl", "d", "dtype"]):
@@ -189,7 +202,8 @@ def render(table: pd.DataFrame, board: pd.DataFrame, latency_figure_path: str,
         causal="causal" if first is not None and bool(first["causal"]) else "non-causal",
         latency_table=to_markdown(display_table(table)),
         findings=bullets([_speedup_sentence(table, "pytorch"), _speedup_sentence(table, "sdpa"),
-                          _pass_sentence(table), _memory_sentence(table), *notes]),
+                          _pass_sentence(table), _launch_bound_sentence(table),
+                          _memory_sentence(table), *notes]),
         latency_figure=relative_link(latency_figure_path, writeup_path),
         speedup_figure=relative_link(speedup_figure_path, writeup_path),
         leaderboard_table=board_table,
