@@ -10,9 +10,22 @@ import torch
 from torch import nn
 
 from cs336_systems.loss import cross_entropy
+from cs336_systems.model import VOCAB_SIZE
 from cs336_systems.timing import Phase, autocast_context
 
 MODES = ("forward", "forward-backward", "train-step")
+
+
+def random_batch(batch_size: int, context_length: int, device: torch.device, seed: int,
+                 rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids and targets; with world_size > 1, this rank's share of the batch."""
+    if batch_size % world_size:
+        raise ValueError(f"batch size {batch_size} does not split over {world_size} ranks")
+    generator = torch.Generator(device=device).manual_seed(seed + rank)
+    shape = (batch_size // world_size, context_length)
+    token_ids = torch.randint(0, VOCAB_SIZE, shape, device=device, generator=generator)
+    targets = torch.randint(0, VOCAB_SIZE, shape, device=device, generator=generator)
+    return token_ids, targets
 
 
 def lm_step_phases(model: nn.Module, token_ids: torch.Tensor, targets: torch.Tensor,

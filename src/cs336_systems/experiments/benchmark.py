@@ -12,11 +12,10 @@ import torch
 
 from cs336_systems.attention import ATTENTION_IMPLEMENTATIONS
 from cs336_systems.experiments.cli import add_common_arguments, non_negative_int, positive_int
-from cs336_systems.model import (MODEL_SIZES, VOCAB_SIZE, build_model, count_parameters,
-                                 forward_flops)
+from cs336_systems.lm_step import MODES, lm_step_phases, random_batch
+from cs336_systems.model import MODEL_SIZES, build_model, count_parameters, forward_flops
 from cs336_systems.optimizer import AdamW
 from cs336_systems.records import run_and_record
-from cs336_systems.lm_step import MODES, lm_step_phases
 from cs336_systems.timing import PRECISIONS, time_phases
 
 
@@ -24,9 +23,9 @@ def measure(config: dict, device: torch.device) -> dict:
     torch.manual_seed(config["seed"])
     model = build_model(config["size"], config["context_length"],
                         attention=config["attention"], device=device)
-    shape = (config["batch_size"], config["context_length"])
-    token_ids = torch.randint(0, VOCAB_SIZE, shape, device=device)
-    targets = torch.randint(0, VOCAB_SIZE, shape, device=device)
+    token_ids, targets = random_batch(config["batch_size"], config["context_length"], device,
+                                      config["seed"])
+    shape = token_ids.shape
     optimizer = AdamW(model.parameters(), lr=1e-4) if config["mode"] == "train-step" else None
     phases = lm_step_phases(model, token_ids, targets, config["mode"], config["precision"],
                             optimizer)

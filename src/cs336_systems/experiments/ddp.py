@@ -32,8 +32,9 @@ from cs336_systems.distributed import (DDP, DDPBucketed, allreduce_gradients_fla
                                        allreduce_gradients_individually, broadcast_parameters)
 from cs336_systems.experiments.cli import add_common_arguments, non_negative_int, positive_int
 from cs336_systems.experiments.torchrun import launch_or_work
+from cs336_systems.lm_step import random_batch
 from cs336_systems.loss import cross_entropy
-from cs336_systems.model import MODEL_SIZES, VOCAB_SIZE, build_model, count_parameters
+from cs336_systems.model import MODEL_SIZES, build_model, count_parameters
 from cs336_systems.optimizer import AdamW
 from cs336_systems.timing import time_phases
 
@@ -90,15 +91,11 @@ def collective_busy_ms_per_step(prof, device: torch.device, steps: int) -> float
 
 
 def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:
-    if config["batch_size"] % world_size:
-        raise ValueError(f"batch size {config['batch_size']} does not split over {world_size} ranks")
     torch.manual_seed(config["seed"])
     model = wrap(build_model(config["size"], config["context_length"], device=device), config, device)
     optimizer = AdamW(model.parameters(), lr=1e-4)
-    generator = torch.Generator(device=device).manual_seed(config["seed"] + rank)
-    shape = (config["batch_size"] // world_size, config["context_length"])
-    token_ids = torch.randint(0, VOCAB_SIZE, shape, device=device, generator=generator)
-    targets = torch.randint(0, VOCAB_SIZE, shape, device=device, generator=generator)
+    token_ids, targets = random_batch(config["batch_size"], config["context_length"], device,
+                                      config["seed"], rank, world_size)
     state = {}
 
     def forward():
@@ -163,6 +160,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trace", default=None, help="where to write rank 0's profiler trace")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
+    if args.batch_size % args.world_size:
+        parser.error(f"--batch-size {args.batch_size} does not split evenly over "
+                     f"--world-size {args.world_size}")
     if (args.variant == "bucketed") != (args.bucket_size_mb is not None):
         parser.error("--bucket-size-mb goes with --variant bucketed, and only with it")
     if args.bucket_size_mb is not None and args.bucket_size_mb <= 0:

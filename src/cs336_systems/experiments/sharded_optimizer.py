@@ -21,8 +21,9 @@ import torch
 from cs336_systems.distributed import ShardedOptimizer, allreduce_gradients_flat, broadcast_parameters
 from cs336_systems.experiments.cli import add_common_arguments, non_negative_int, positive_int
 from cs336_systems.experiments.torchrun import launch_or_work
+from cs336_systems.lm_step import random_batch
 from cs336_systems.loss import cross_entropy
-from cs336_systems.model import MODEL_SIZES, VOCAB_SIZE, build_model
+from cs336_systems.model import MODEL_SIZES, build_model
 from cs336_systems.optimizer import AdamW
 from cs336_systems.timing import time_phases
 
@@ -41,8 +42,6 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:
-    if config["batch_size"] % world_size:
-        raise ValueError(f"batch size {config['batch_size']} does not split over {world_size} ranks")
     on_cuda = device.type == "cuda"
     allocated = (lambda: torch.cuda.memory_allocated(device) / GIB) if on_cuda else (lambda: None)
     torch.manual_seed(config["seed"])
@@ -54,10 +53,8 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
         optimizer = AdamW(model.parameters(), lr=1e-4)
     metrics = {"allocated_gib_after_init": allocated()}
 
-    generator = torch.Generator(device=device).manual_seed(config["seed"] + rank)
-    shape = (config["batch_size"] // world_size, config["context_length"])
-    token_ids = torch.randint(0, VOCAB_SIZE, shape, device=device, generator=generator)
-    targets = torch.randint(0, VOCAB_SIZE, shape, device=device, generator=generator)
+    token_ids, targets = random_batch(config["batch_size"], config["context_length"], device,
+                                      config["seed"], rank, world_size)
     readings: dict[str, float | None] = {}
 
     def forward_backward():
@@ -102,6 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--measure-steps", type=positive_int, default=5)
     add_common_arguments(parser)
     args = parser.parse_args(argv)
+    if args.batch_size % args.world_size:
+        parser.error(f"--batch-size {args.batch_size} does not split evenly over "
+                     f"--world-size {args.world_size}")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
     config["backend"] = backend
