@@ -147,7 +147,7 @@ def test_model_with_flash_attention_matches_eager():
 
     torch.manual_seed(7)
     eager = build_model("tiny", context_length=32, device=DEVICE)
-    for name in ("flash", "flash-pytorch"):
+    for name in ("flash-triton", "flash-pytorch"):
         torch.manual_seed(7)
         flash = build_model("tiny", context_length=32, attention=name, device=DEVICE)
         ids = torch.randint(0, VOCAB_SIZE, (2, 32), device=DEVICE)

@@ -1,13 +1,16 @@
-"""Attention implementations the model can plug in.
+"""Attention implementations the model and the benchmarks plug in: one registry, one set of names.
 
 Every implementation has the signature `attention(q, k, v, is_causal) -> out` with q, k, v and
-out of shape (..., seq, d_head). Register new ones (annotated, compiled, FlashAttention) in
-`ATTENTION_IMPLEMENTATIONS` so configs and CLIs can name them.
+out of shape (..., seq, d_head): the model calls it on (batch, heads, seq, d_head), the flash
+benchmark on (batch, seq, d). Register new ones (annotated, compiled, other kernels) in
+`ATTENTION_IMPLEMENTATIONS`; the config schema's enums, the CLIs' choices and the report's labels
+all read this registry.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
@@ -31,7 +34,14 @@ def eager_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) ->
 
 
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
-    """PyTorch's fused scaled_dot_product_attention (the reference users would reach for)."""
+    """PyTorch's fused scaled_dot_product_attention (the reference users would reach for).
+
+    (batch, seq, d) inputs get a head axis of 1, without which SDPA cannot pick its fused
+    (flash, memory-efficient, cuDNN) kernels.
+    """
+    if q.dim() == 3:
+        return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None],
+                                              is_causal=is_causal)[:, 0]
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 
@@ -42,7 +52,7 @@ def _per_head(kernel, q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tenso
     return kernel.apply(fold(q), fold(k), fold(v), is_causal).reshape(*lead, *q.shape[-2:])
 
 
-def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+def flash_triton_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
     """FlashAttention-2, Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1)."""
     from cs336_systems.kernels.flash_triton import FlashAttentionTriton  # triton only when used
     return _per_head(FlashAttentionTriton, q, k, v, is_causal)
@@ -54,22 +64,43 @@ def flash_pytorch_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = F
     return _per_head(FlashAttentionPytorch, q, k, v, is_causal)
 
 
-ATTENTION_IMPLEMENTATIONS: dict[str, Callable[..., Tensor]] = {
-    "eager": eager_attention,
-    "sdpa": sdpa_attention,
-    "flash": flash_attention,
-    "flash-pytorch": flash_pytorch_attention,
+@dataclass(frozen=True)
+class Attention:
+    """One registered implementation: the callable, its label in tables, and the kernel module
+    it imports lazily (which a Snakemake rule running it must list as a source)."""
+
+    fn: Callable[..., Tensor]
+    label: str
+    kernel_module: str | None = None
+
+
+ATTENTION_IMPLEMENTATIONS: dict[str, Attention] = {
+    "eager": Attention(eager_attention, "plain PyTorch"),
+    "sdpa": Attention(sdpa_attention, "torch SDPA"),
+    "flash-triton": Attention(flash_triton_attention, "Triton FA2",
+                              "cs336_systems.kernels.flash_triton"),
+    "flash-pytorch": Attention(flash_pytorch_attention, "PyTorch FA2 (tiled)",
+                               "cs336_systems.kernels.flash_pytorch"),
 }
 
-# Sources a job must list when it runs an attention implementation that is imported lazily.
-ATTENTION_SOURCES: dict[str, tuple[str, ...]] = {
-    "flash": ("cs336_systems.kernels.flash_triton",),
-    "flash-pytorch": ("cs336_systems.kernels.flash_pytorch",),
-}
 
-
-def get_attention(name: str) -> AttentionFn:
+def _lookup(name: str) -> Attention:
     if name not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(f"unknown attention {name!r}; allowed: "
                          f"{', '.join(ATTENTION_IMPLEMENTATIONS)}")
     return ATTENTION_IMPLEMENTATIONS[name]
+
+
+def get_attention(name: str) -> AttentionFn:
+    return _lookup(name).fn
+
+
+def attention_label(name: str) -> str:
+    """The implementation's name in tables and figures (the name itself if unregistered)."""
+    return ATTENTION_IMPLEMENTATIONS[name].label if name in ATTENTION_IMPLEMENTATIONS else name
+
+
+def attention_modules(name: str) -> list[str]:
+    """Package modules a job running `name` imports lazily, for its rule's source inputs."""
+    module = _lookup(name).kernel_module
+    return [module] if module else []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -24,6 +25,8 @@ from typing import Any
 import torch
 
 STATUSES = ("ok", "oom", "skipped", "error")
+
+log = logging.getLogger("cs336_systems")
 
 
 class Skip(Exception):
@@ -109,13 +112,23 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
+def _configure_logging() -> None:
+    """Jobs log to stderr (their Snakemake log file) unless the caller configured logging."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
+                            datefmt="%H:%M:%S")
+
+
 def run_and_record(section: str, config: dict, output: str | Path,
                    measure: Callable[[torch.device], dict], device: str = "auto") -> dict:
     """Run `measure(device)` for one configuration and write its record, whatever happens.
 
     Out-of-memory becomes status `oom`, `Skip` becomes `skipped` with its reason, and any
     other exception `error` with the traceback, so one bad configuration never ends a sweep.
+    This is the only writer of records: a distributed job's launcher calls it too.
     """
+    _configure_logging()
+    log.info("%s: %s", section, json.dumps(config, default=str))
     env_device: torch.device | str = "cpu"
     try:
         resolved = resolve_device(device)
@@ -130,6 +143,8 @@ def run_and_record(section: str, config: dict, output: str | Path,
         record = make_record(section, config, status, env=environment(env_device),
                              message=message)
     write_json_atomic(output, record)
+    log.info("%s: status %s%s -> %s", section, record["status"],
+             f" ({record['message']})" if "message" in record else "", output)
     return record
 
 

@@ -7,6 +7,7 @@ host clock sees the kernels finish, not just their launch.
 
 from __future__ import annotations
 
+import logging
 import statistics
 import timeit
 from collections.abc import Callable, Sequence
@@ -15,9 +16,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-PRECISIONS = ("fp32", "bf16")
+# Precision names, shared by the config, the CLIs and the records: the dtype of the tensors (flash
+# benchmark) or of autocast (model benchmarks; fp32 means no autocast).
+PRECISIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16,
+                                      "fp16": torch.float16}
 
 Phase = tuple[str, Callable[[], object]]
+
+log = logging.getLogger("cs336_systems")
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -26,12 +32,12 @@ def synchronize(device: torch.device | str) -> None:
 
 
 def autocast_context(device: torch.device | str, precision: str) -> AbstractContextManager:
-    """bf16 autocast, or a no-op context for full precision."""
+    """Autocast to the precision's dtype, or a no-op context for fp32."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}")
     if precision == "fp32":
         return nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=torch.device(device).type, dtype=PRECISIONS[precision])
 
 
 @dataclass
@@ -89,6 +95,9 @@ def time_phases(phases: Sequence[Phase], device: torch.device | str, warmup_step
             total += elapsed_ms
         if total_name:
             bucket.setdefault(total_name, []).append(total)
+        log.info("step %d/%d (%s): %s", step + 1, warmup_steps + measure_steps,
+                 "warm-up" if step < warmup_steps else "measured",
+                 ", ".join(f"{name} {bucket[name][-1]:.2f} ms" for name, _ in phases))
     return times
 
 

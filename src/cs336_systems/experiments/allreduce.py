@@ -4,7 +4,8 @@
         --world-size 2 --output r.json
 
 float32 tensors of `size_mb` MB (10^6 bytes); `warmup` untimed all-reduces, then `iterations`
-timed ones, each between two device synchronizations. Every rank's times are gathered; an
+timed ones, each between two device synchronizations (the timing harness). Every rank's times
+are gathered; an
 iteration's time is the slowest rank's. Algorithm bandwidth = bytes / time; bus bandwidth
 = algorithm bandwidth * 2 (n - 1) / n, what each link carries in a ring all-reduce.
 """
@@ -13,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import timeit
+import sys
 
 import torch
 import torch.distributed as dist
 
 from cs336_systems.experiments.cli import add_common_arguments, non_negative_int, positive_int
 from cs336_systems.experiments.torchrun import launch_or_work
-from cs336_systems.timing import summarize, synchronize
+from cs336_systems.timing import summarize, time_phases
 
 BACKENDS = ("gloo", "nccl")
 
@@ -29,15 +30,10 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
     size_bytes = int(config["size_mb"] * 1e6)
     torch.manual_seed(config["seed"] + rank)
     tensor = torch.randn(size_bytes // 4, device=device)
-    times_ms = []
-    for step in range(config["warmup"] + config["iterations"]):
-        synchronize(device)
-        start = timeit.default_timer()
-        dist.all_reduce(tensor)
-        synchronize(device)
-        if step >= config["warmup"]:
-            times_ms.append((timeit.default_timer() - start) * 1e3)
-        tensor.div_(world_size)  # keep the values bounded across iterations
+    phases = [("allreduce", lambda: dist.all_reduce(tensor)),
+              ("rescale", lambda: tensor.div_(world_size))]  # keeps the values bounded
+    times = time_phases(phases, device, config["warmup"], config["iterations"], total_name=None)
+    times_ms = times.measured_ms["allreduce"]
     per_rank: list[list[float]] = [None] * world_size  # type: ignore[list-item]
     dist.all_gather_object(per_rank, times_ms)
     slowest = [max(ranks) for ranks in zip(*per_rank)]
@@ -68,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--size-mb must be positive, got {args.size_mb}")
     config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
     launch_or_work("cs336_systems.experiments.allreduce", "allreduce", config, args.output, work,
-                   args.world_size, args.backend)
+                   args.world_size, args.backend, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

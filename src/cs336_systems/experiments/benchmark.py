@@ -13,6 +13,7 @@ import torch
 from cs336_systems.attention import ATTENTION_IMPLEMENTATIONS
 from cs336_systems.experiments.cli import add_common_arguments, non_negative_int, positive_int
 from cs336_systems.lm_step import MODES, lm_step_phases, random_batch
+from cs336_systems.memory import peak_gib, reset_peak
 from cs336_systems.model import MODEL_SIZES, build_model, count_parameters, forward_flops
 from cs336_systems.optimizer import AdamW
 from cs336_systems.records import run_and_record
@@ -29,14 +30,11 @@ def measure(config: dict, device: torch.device) -> dict:
     optimizer = AdamW(model.parameters(), lr=1e-4) if config["mode"] == "train-step" else None
     phases = lm_step_phases(model, token_ids, targets, config["mode"], config["precision"],
                             optimizer)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak(device)
     times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"])
     flops = forward_flops(config["size"], *shape) * (1 if config["mode"] == "forward" else 3)
     metrics = {"parameters": count_parameters(model), "model_flops_per_step": flops,
-               **times.metrics()}
-    if device.type == "cuda":
-        metrics["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+               **times.metrics(), "peak_gib": peak_gib(device)}
     return metrics
 
 
@@ -46,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--size", required=True, choices=list(MODEL_SIZES))
     parser.add_argument("--context-length", type=positive_int, required=True)
     parser.add_argument("--mode", required=True, choices=MODES)
-    parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    parser.add_argument("--precision", default="fp32", choices=list(PRECISIONS))
     parser.add_argument("--warmup-steps", type=non_negative_int, default=5)
     parser.add_argument("--measure-steps", type=positive_int, default=10)
     parser.add_argument("--batch-size", type=positive_int, default=4)

@@ -4,12 +4,9 @@
         --size xl --context-length 128 --batch-size 16 --world-size 2 --output r.json \
         [--trace r.trace.json.gz]
 
-Times data-parallel training steps of the LM (AdamW, batch split over the ranks) with one of:
-  naive     one all-reduce per parameter after backward
-  flat      one all-reduce of all gradients flattened, after backward
-  overlap   DDP: per-parameter async all-reduces launched from gradient hooks
-  bucketed  DDPBucketed(bucket_size_mb): async all-reduce per bucket
-  torch     torch.nn.parallel.DistributedDataParallel, the reference
+Times data-parallel training steps of the LM (AdamW, batch split over the ranks) with one of
+the variants of `cs336_systems.distributed.variants.DDP_VARIANTS` (naive, flat, overlap,
+bucketed, and torch's DistributedDataParallel as the reference).
 Phases are timed with the harness (synchronize after each). For naive and flat the all-reduces
 are their own `communicate` phase; for the overlapped variants communication runs inside the
 backward phase and `communicate` is the exposed wait in finish_gradient_synchronization. A
@@ -20,25 +17,23 @@ step during which a collective was running (`collective_busy_ms_per_step`, overl
 from __future__ import annotations
 
 import argparse
-import gzip
-import shutil
-import tempfile
+import sys
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from cs336_systems.distributed import (DDP, DDPBucketed, allreduce_gradients_flat,
                                        allreduce_gradients_individually, broadcast_parameters)
 from cs336_systems.experiments.cli import add_common_arguments, non_negative_int, positive_int
-from cs336_systems.experiments.torchrun import launch_or_work
+from cs336_systems.distributed.variants import DDP_VARIANTS
+from cs336_systems.experiments.torchrun import backend_for, launch_or_work
 from cs336_systems.lm_step import random_batch
 from cs336_systems.loss import cross_entropy
+from cs336_systems.memory import peak_gib, tensor_bytes
 from cs336_systems.model import MODEL_SIZES, build_model, count_parameters
 from cs336_systems.optimizer import AdamW
+from cs336_systems.profiling import capture, export_trace
 from cs336_systems.timing import time_phases
-
-VARIANTS = ("naive", "flat", "overlap", "bucketed", "torch")
 
 
 def wrap(model: torch.nn.Module, config: dict, device: torch.device) -> torch.nn.Module:
@@ -115,38 +110,25 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
     metrics = {k: v for k, v in times.metrics().items() if "warmup" not in k}
 
     profile_steps = 2
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with capture(device) as prof:
         time_phases(phases, device, 0, profile_steps)
     metrics["collective_busy_ms_per_step"] = collective_busy_ms_per_step(prof, device, profile_steps)
     if rank == 0 and config["trace"]:
-        _export_trace(prof, config["trace"])
+        export_trace(prof, config["trace"])
         metrics["trace_file"] = Path(config["trace"]).name
 
-    parameters = [p for p in model.parameters() if p.requires_grad]
     metrics["parameters"] = count_parameters(model)
-    metrics["gradient_bytes"] = sum(p.numel() * p.element_size() for p in parameters)
+    metrics["gradient_bytes"] = tensor_bytes(p for p in model.parameters() if p.requires_grad)
     if config["variant"] == "bucketed":
         metrics["buckets"] = len(model.buckets)
-    if device.type == "cuda":
-        metrics["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    metrics["peak_gib"] = peak_gib(device)
     return metrics
-
-
-def _export_trace(prof, path: str) -> None:
-    """Chrome trace, gzipped (open in chrome://tracing or ui.perfetto.dev)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(raw))
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
-            shutil.copyfileobj(src, dst)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variant", required=True, choices=VARIANTS)
+    parser.add_argument("--variant", required=True, choices=list(DDP_VARIANTS))
     parser.add_argument("--bucket-size-mb", type=float, default=None,
                         help="bucket size for --variant bucketed")
     parser.add_argument("--size", default="xl", choices=list(MODEL_SIZES))
@@ -154,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=16, help="global batch size")
     parser.add_argument("--world-size", type=positive_int, default=2)
     parser.add_argument("--backend", choices=("gloo", "nccl"), default=None,
-                        help="default: nccl with CUDA, gloo without")
+                        help="default: nccl for --device cuda, gloo for cpu, auto: what is here")
     parser.add_argument("--warmup-steps", type=non_negative_int, default=3)
     parser.add_argument("--measure-steps", type=positive_int, default=10)
     parser.add_argument("--trace", default=None, help="where to write rank 0's profiler trace")
@@ -167,11 +149,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--bucket-size-mb goes with --variant bucketed, and only with it")
     if args.bucket_size_mb is not None and args.bucket_size_mb <= 0:
         parser.error(f"--bucket-size-mb must be positive, got {args.bucket_size_mb}")
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = args.backend or backend_for(args.device)
     config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
     config["backend"] = backend
     launch_or_work("cs336_systems.experiments.ddp", "ddp", config, args.output, work,
-                   args.world_size, backend)
+                   args.world_size, backend, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -15,35 +15,30 @@ the breakdown still holds.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
 from cs336_systems.distributed import ShardedOptimizer, allreduce_gradients_flat, broadcast_parameters
 from cs336_systems.experiments.cli import add_common_arguments, non_negative_int, positive_int
-from cs336_systems.experiments.torchrun import launch_or_work
+from cs336_systems.experiments.torchrun import backend_for, launch_or_work
 from cs336_systems.lm_step import random_batch
 from cs336_systems.loss import cross_entropy
+from cs336_systems.memory import GIB, allocated_gib, peak_gib, reset_peak, tensor_bytes
 from cs336_systems.model import MODEL_SIZES, build_model
 from cs336_systems.optimizer import AdamW
 from cs336_systems.timing import time_phases
-
-GIB = 2**30
-
-
-def _tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     inner = optimizer.local_optimizer if isinstance(optimizer, ShardedOptimizer) else optimizer
     if inner is None:
         return 0
-    return sum(_tensor_bytes(state.values()) for state in inner.state.values())
+    return sum(tensor_bytes(state.values()) for state in inner.state.values())
 
 
 def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:
-    on_cuda = device.type == "cuda"
-    allocated = (lambda: torch.cuda.memory_allocated(device) / GIB) if on_cuda else (lambda: None)
+    allocated = lambda: allocated_gib(device)  # noqa: E731
     torch.manual_seed(config["seed"])
     model = build_model(config["size"], config["context_length"], device=device)
     broadcast_parameters(model)
@@ -69,16 +64,14 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
     phases = [("forward_backward", forward_backward),
               ("communicate", lambda: allreduce_gradients_flat(model)),
               ("optimizer", optimizer_step)]
-    if on_cuda:
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak(device)
     times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"])
     metrics.update({k: v for k, v in times.metrics().items() if "warmup" not in k})
     metrics["allocated_gib_before_step"] = readings["before_step"]
     metrics["allocated_gib_after_step"] = readings["after_step"]
-    metrics["peak_gib"] = torch.cuda.max_memory_allocated(device) / GIB if on_cuda else None
+    metrics["peak_gib"] = peak_gib(device)
 
-    parameters = list(model.parameters())
-    metrics["parameter_gib"] = _tensor_bytes(parameters) / GIB
+    metrics["parameter_gib"] = tensor_bytes(model.parameters()) / GIB
     metrics["gradient_gib"] = metrics["parameter_gib"]  # one fp32 gradient per parameter
     metrics["optimizer_state_gib"] = optimizer_state_bytes(optimizer) / GIB
     states = [None] * world_size
@@ -102,11 +95,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.batch_size % args.world_size:
         parser.error(f"--batch-size {args.batch_size} does not split evenly over "
                      f"--world-size {args.world_size}")
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = backend_for(args.device)
     config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
     config["backend"] = backend
     launch_or_work("cs336_systems.experiments.sharded_optimizer", "sharded_optimizer", config,
-                   args.output, work, args.world_size, backend)
+                   args.output, work, args.world_size, backend,
+                   sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

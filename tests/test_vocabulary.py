@@ -1,0 +1,66 @@
+"""Each term is defined once in the library; the config schema, the rules and the CLIs follow it."""
+
+import argparse
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cs336_systems.attention import ATTENTION_IMPLEMENTATIONS, attention_label, get_attention
+from cs336_systems.distributed.variants import DDP_VARIANTS
+from cs336_systems.experiments import benchmark, ddp, flash
+from cs336_systems.lm_step import MODES
+from cs336_systems.model import MODEL_SIZES
+from cs336_systems.timing import PRECISIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+
+
+@pytest.mark.parametrize("definition, names", [
+    ("size", list(MODEL_SIZES)),
+    ("mode", list(MODES)),
+    ("precision", list(PRECISIONS)),
+    ("attention", list(ATTENTION_IMPLEMENTATIONS)),
+    ("ddp_variant", list(DDP_VARIANTS)),
+])
+def test_schema_enums_are_the_library_names(definition, names):
+    assert SCHEMA["$defs"][definition]["enum"] == names
+
+
+def _choices(module, dest: str) -> list[str]:
+    """The choices of a CLI option, read from the parser `main` builds."""
+    captured = {}
+    original = argparse.ArgumentParser.parse_args
+
+    def capture(self, *args, **kwargs):
+        captured.update({a.dest: a.choices for a in self._actions})
+        raise SystemExit(0)
+
+    argparse.ArgumentParser.parse_args = capture
+    try:
+        with pytest.raises(SystemExit):
+            module.main([])
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    return list(captured[dest])
+
+
+@pytest.mark.parametrize("module, dest, names", [
+    (benchmark, "size", list(MODEL_SIZES)),
+    (benchmark, "mode", list(MODES)),
+    (benchmark, "precision", list(PRECISIONS)),
+    (benchmark, "attention", list(ATTENTION_IMPLEMENTATIONS)),
+    (flash, "impl", list(ATTENTION_IMPLEMENTATIONS)),
+    (flash, "dtype", list(PRECISIONS)),
+    (ddp, "variant", list(DDP_VARIANTS)),
+])
+def test_cli_choices_are_the_library_names(module, dest, names):
+    assert _choices(module, dest) == names
+
+
+def test_every_attention_implementation_has_a_label_and_a_callable():
+    for name, entry in ATTENTION_IMPLEMENTATIONS.items():
+        assert callable(get_attention(name)) and attention_label(name) == entry.label
+    with pytest.raises(ValueError, match="unknown attention 'flash'; allowed: eager, sdpa"):
+        get_attention("flash")
