@@ -4,8 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cs336_systems.config import ConfigError, resolve_preset, validate
-from cs336_systems.model import MODEL_SIZES
+from cs336_systems.config import ConfigError, deep_merge, resolve_preset, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
@@ -20,11 +19,6 @@ def test_shipped_config_is_valid(config):
     validate(config, SCHEMA)
 
 
-def test_schema_sizes_are_the_model_sizes():
-    schema = yaml.safe_load(SCHEMA.read_text())
-    assert schema["$defs"]["size"]["enum"] == list(MODEL_SIZES)
-
-
 def _error(config) -> str:
     with pytest.raises(ConfigError) as info:
         validate(config, SCHEMA)
@@ -32,7 +26,7 @@ def _error(config) -> str:
 
 
 def test_unknown_size_names_key_and_allowed_values(config):
-    config["presets"]["quick"]["benchmark"]["sizes"] = ["small", "huge"]
+    config["presets"]["quick"]["benchmark"]["sizes"] = ["small", "huge"]  # a preset's delta
     message = _error(config)
     assert "presets.quick.benchmark.sizes[1]" in message
     assert "'huge'" in message and "small, medium, large, xl, 2.7b" in message
@@ -47,9 +41,9 @@ def test_unknown_preset(config):
 @pytest.mark.parametrize("key, value", [("measure_steps", 0), ("measure_steps", 1),
                                         ("warmup_steps", -1), ("batch_size", 0)])
 def test_non_positive_step_counts(config, key, value):
-    config["presets"]["smoke"]["benchmark"][key] = value
+    config["defaults"]["benchmark"][key] = value
     message = _error(config)
-    assert f"presets.smoke.benchmark.{key}" in message and str(value) in message
+    assert f"defaults.benchmark.{key}" in message and str(value) in message
 
 
 def test_context_longer_than_the_model_supports(config):
@@ -68,13 +62,37 @@ def test_misspelled_key_lists_allowed_keys(config):
 def test_auto_preset_follows_the_device(config):
     assert resolve_preset(config, cuda_available=True)[0] == "assignment"
     assert resolve_preset(config, cuda_available=False)[0] == "smoke"
-    explicit = copy.deepcopy(config)
-    explicit["preset"] = "quick"
-    name, preset = resolve_preset(explicit, cuda_available=True)
-    assert name == "quick" and preset == config["presets"]["quick"]
 
 
-def test_gpu_preset_on_a_cpu_machine_is_refused_with_the_alternatives(config):
+def test_a_preset_is_the_defaults_with_its_delta_merged_in(config):
     config["preset"] = "quick"
-    with pytest.raises(ConfigError, match="'quick' needs a CUDA GPU .* presets for a CPU: smoke"):
-        resolve_preset(config, cuda_available=False)
+    _, quick = resolve_preset(config, cuda_available=False)
+    delta = config["presets"]["quick"]["benchmark"]
+    assert quick["benchmark"]["sizes"] == delta["sizes"]  # a list replaces
+    assert quick["benchmark"]["warmup_ablation"]["sizes"] == delta["warmup_ablation"]["sizes"]
+    # what the delta leaves out comes from the defaults, nested keys included
+    assert quick["benchmark"]["modes"] == config["defaults"]["benchmark"]["modes"]
+    assert (quick["benchmark"]["warmup_ablation"]["warmup_steps"]
+            == config["defaults"]["benchmark"]["warmup_ablation"]["warmup_steps"])
+    config["preset"] = "assignment"
+    assert resolve_preset(config)[1] == config["defaults"]
+
+
+def test_deep_merge_does_not_change_its_inputs():
+    base = {"a": {"b": 1, "c": [1, 2]}, "d": 1}
+    delta = {"a": {"c": [3]}, "e": 2}
+    assert deep_merge(base, delta) == {"a": {"b": 1, "c": [3]}, "d": 1, "e": 2}
+    assert base == {"a": {"b": 1, "c": [1, 2]}, "d": 1} and delta == {"a": {"c": [3]}, "e": 2}
+
+
+def test_a_gpu_preset_resolves_on_a_cpu_machine(config):
+    """Parsing checks no hardware: the jobs of a cuda preset record `skipped` instead."""
+    config["preset"] = "quick"
+    name, preset = resolve_preset(config, cuda_available=False)
+    assert name == "quick" and preset["device"] == "cuda"
+
+
+def test_cross_checks_see_the_merged_preset(config):
+    config["presets"]["smoke"]["distributed"]["ddp"]["batch_size"] = 3  # world_size 2: defaults
+    message = _error(config)
+    assert "presets.smoke.distributed.ddp.batch_size': 3 does not split evenly" in message

@@ -1,12 +1,17 @@
-"""Validate the workflow config and pick the active preset.
+"""Validate the workflow config and resolve the active preset.
 
-The schema (`workflow/schemas/config.schema.yaml`) checks types, ranges and allowed values; the
-checks that span keys (a context longer than a model size supports) live here. Every error
-names the config key, the value and what is allowed.
+`config.yaml` holds `defaults` (a complete experiment matrix) and named `presets`, each a delta
+deep-merged over the defaults: a mapping merges key by key, anything else (a list, a number)
+replaces. The schema (`workflow/schemas/config.schema.yaml`) checks types, ranges and allowed
+values of the defaults and of each preset's delta where it is written; the checks that span keys
+(a context longer than a model size supports) run here on each merged preset. Every error names
+the config key, the value and what is allowed. Nothing here looks at the hardware except
+`preset: auto`, which picks `assignment` on a CUDA machine and `smoke` elsewhere.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +27,15 @@ class ConfigError(ValueError):
     pass
 
 
-def _key(path) -> str:
-    parts = []
+def _key(prefix: str, path) -> str:
+    parts = [prefix] if prefix else []
     for part in path:
         parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
     return "".join(parts).lstrip(".") or "<top level>"
 
 
-def _describe(error: jsonschema.ValidationError) -> str:
-    key = _key(error.absolute_path)
+def _describe(error: jsonschema.ValidationError, prefix: str = "") -> str:
+    key = _key(prefix, error.absolute_path)
     if error.validator == "enum":
         allowed = ", ".join(map(str, error.validator_value))
         return f"config key '{key}': {error.instance!r} is not allowed; allowed values: {allowed}"
@@ -40,11 +45,51 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"config key '{key}': {error.message}"
 
 
+def _errors(validator: jsonschema.Validator, instance: Any, prefix: str = "") -> list[str]:
+    return [_describe(e, prefix)
+            for e in sorted(validator.iter_errors(instance), key=lambda e: list(e.path))]
+
+
+def _without_required(schema: Any) -> Any:
+    """The schema with every `required` dropped: what a preset's delta must satisfy."""
+    if isinstance(schema, dict):
+        return {k: _without_required(v) for k, v in schema.items() if k != "required"}
+    if isinstance(schema, list):
+        return [_without_required(v) for v in schema]
+    return schema
+
+
+def deep_merge(base: dict, delta: dict) -> dict:
+    """`base` with `delta` laid over it: mappings merge recursively, other values replace."""
+    merged = copy.deepcopy(base)
+    for key, value in delta.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def merged_presets(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every preset as the defaults with its delta merged in."""
+    return {name: deep_merge(config["defaults"], delta or {})
+            for name, delta in config["presets"].items()}
+
+
 def validate(config: dict[str, Any], schema_path: str | Path) -> None:
     """Raise ConfigError listing every schema violation and cross-key inconsistency."""
     schema = yaml.safe_load(Path(schema_path).read_text())
-    validator = jsonschema.Draft202012Validator(schema)
-    problems = [_describe(e) for e in sorted(validator.iter_errors(config), key=lambda e: e.path)]
+    problems = _errors(jsonschema.Draft202012Validator(schema), config)
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    preset_schema = {**schema["$defs"]["preset"], "$defs": schema["$defs"]}
+    delta_validator = jsonschema.Draft202012Validator(_without_required(preset_schema))
+    full_validator = jsonschema.Draft202012Validator(preset_schema)
+    for name, delta in config["presets"].items():
+        problems += _errors(delta_validator, delta or {}, f"presets.{name}")
+    if not problems:
+        for name, preset in merged_presets(config).items():
+            problems += _errors(full_validator, preset, f"presets.{name}")
     if not problems:
         problems = _cross_checks(config)
     if problems:
@@ -57,37 +102,36 @@ def _cross_checks(config: dict[str, Any]) -> list[str]:
     if preset != AUTO and preset not in config["presets"]:
         allowed = ", ".join([AUTO, *config["presets"]])
         problems.append(f"config key 'preset': {preset!r} is not a preset; allowed: {allowed}")
-    for name, preset_config in config["presets"].items():
-        bench = preset_config.get("benchmark")
-        if bench:
-            sizes = set(bench["sizes"]) | set(bench["warmup_ablation"]["sizes"])
-            contexts = set(bench["context_lengths"]) | {bench["warmup_ablation"]["context_length"]}
-            for size in sorted(sizes):
-                longest = MODEL_SIZES[size].max_context_length
-                for context in sorted(c for c in contexts if c > longest):
-                    problems.append(
-                        f"config key 'presets.{name}.benchmark': context length {context} is "
-                        f"longer than size {size!r} supports (at most {longest})")
-        dist = preset_config.get("distributed")
-        if dist:
-            for part in ("ddp", "sharded_optimizer"):
-                c = dist[part]
-                longest = MODEL_SIZES[c["size"]].max_context_length
-                if c["context_length"] > longest:
-                    problems.append(
-                        f"config key 'presets.{name}.distributed.{part}.context_length': "
-                        f"{c['context_length']} is longer than size {c['size']!r} supports "
-                        f"(at most {longest})")
-                if c["batch_size"] % c["world_size"]:
-                    problems.append(
-                        f"config key 'presets.{name}.distributed.{part}.batch_size': "
-                        f"{c['batch_size']} does not split evenly over world_size {c['world_size']}")
+    for name, preset_config in merged_presets(config).items():
+        bench = preset_config["benchmark"]
+        sizes = set(bench["sizes"]) | set(bench["warmup_ablation"]["sizes"])
+        contexts = set(bench["context_lengths"]) | {bench["warmup_ablation"]["context_length"]}
+        for size in sorted(sizes):
+            longest = MODEL_SIZES[size].max_context_length
+            for context in sorted(c for c in contexts if c > longest):
+                problems.append(
+                    f"config key 'presets.{name}.benchmark': context length {context} is "
+                    f"longer than size {size!r} supports (at most {longest})")
+        dist = preset_config["distributed"]
+        for part in ("ddp", "sharded_optimizer"):
+            c = dist[part]
+            longest = MODEL_SIZES[c["size"]].max_context_length
+            if c["context_length"] > longest:
+                problems.append(
+                    f"config key 'presets.{name}.distributed.{part}.context_length': "
+                    f"{c['context_length']} is longer than size {c['size']!r} supports "
+                    f"(at most {longest})")
+            if c["batch_size"] % c["world_size"]:
+                problems.append(
+                    f"config key 'presets.{name}.distributed.{part}.batch_size': "
+                    f"{c['batch_size']} does not split evenly over world_size {c['world_size']}")
     return problems
 
 
 def resolve_preset(config: dict[str, Any], cuda_available: bool | None = None
                    ) -> tuple[str, dict[str, Any]]:
-    """The active preset's name and settings; `auto` is `assignment` on CUDA, else `smoke`."""
+    """The active preset's name and merged settings; `auto` is `assignment` on CUDA, else
+    `smoke`. A GPU preset resolves on any machine: its jobs record `skipped` without CUDA."""
     name = config["preset"]
     if name == AUTO:
         if cuda_available is None:
@@ -97,13 +141,4 @@ def resolve_preset(config: dict[str, Any], cuda_available: bool | None = None
     if name not in config["presets"]:
         raise ConfigError(f"config key 'preset': {name!r} is not a preset; allowed: "
                           f"{', '.join([AUTO, *config['presets']])}")
-    preset = config["presets"][name]
-    if preset["requires_cuda"]:
-        if cuda_available is None:
-            import torch
-            cuda_available = torch.cuda.is_available()
-        if not cuda_available:
-            cpu_presets = [n for n, p in config["presets"].items() if not p["requires_cuda"]]
-            raise ConfigError(f"config key 'preset': {name!r} needs a CUDA GPU and this machine "
-                              f"has none; presets for a CPU: {', '.join(cpu_presets)}")
-    return name, preset
+    return name, merged_presets(config)[name]
