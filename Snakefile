@@ -1,18 +1,16 @@
-# CS336 Systems pipeline: config -> jobs -> per-configuration JSON -> tables and figures ->
-# report/writeup.md. Run `snakemake --cores 1 report/writeup.md`; pick a preset with
-# `--config preset=quick`. See README.md.
+# CS336 Systems pipeline: config -> jobs -> per-configuration JSON -> tables, figures and facts ->
+# one markdown file per section -> report/writeup.md. Run `snakemake --cores 1 report/writeup.md`;
+# pick a preset with `--config preset=quick`. See README.md and docs/architecture.md.
 
-import os
 import sys
 from pathlib import Path
 
-# Parse and jobs both use this checkout's package, installed or not, so that the source files a
-# rule lists as inputs are the ones its job runs.
-SRC = str(Path(workflow.basedir) / "src")
-sys.path.insert(0, SRC)
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))
+# Parsing imports this checkout's package, installed or not (jobs do the same through
+# workflow/scripts/job.py), so the sources a rule lists are the code its jobs run.
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from cs336_systems.config import ConfigError, resolve_preset, validate
+from cs336_systems.report.sections import SECTIONS
 
 
 configfile: "config.yaml"
@@ -26,9 +24,13 @@ except ConfigError as error:
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/benchmark.smk"
-include: "workflow/rules/flash.smk"
-include: "workflow/rules/distributed.smk"
+
+
+for section in SECTIONS:  # one rules file per section, in writeup order
+
+    include: f"workflow/rules/{section}.smk"
+
+
 include: "workflow/rules/report.smk"
 
 

@@ -1,16 +1,24 @@
-# Helpers shared by every section's rules.
+# Paths and helpers shared by every section's rules.
+#
+# Every rule runs workflow/scripts/job.py (Snakemake's script directive) with `params.job`
+# naming its entry point in cs336_systems.jobs: `experiment` (params.cli on params.args ->
+# one record), `section_tables`, `section_markdown` or `writeup`. Jobs run in the Python that
+# runs Snakemake (scripts/setup.sh's .venv, or a GPU box's own CUDA build of PyTorch); that is
+# why rules name no conda environment or container, the one thing `snakemake --lint` still
+# asks of each of them.
 
 import re
-import shlex
-import sys
 
 from cs336_systems.sources import module_sources
 
-# Jobs run with the interpreter that runs Snakemake, so `.venv/bin/snakemake` needs no activation.
-PYTHON = shlex.quote(sys.executable)
 RESULTS = f"results/{PRESET}"
 TABLES = f"{RESULTS}/tables"
 FIGURES = f"{RESULTS}/figures"
+SECTION_DIR = f"{RESULTS}/sections"
+LOGS = f"{RESULTS}/logs"
+JOB_SCRIPT = "../scripts/job.py"
+# Where single-device jobs run (config key `device`): cuda jobs record `skipped` without CUDA.
+DEVICE = P["device"]
 
 
 def sources(*modules):
@@ -22,3 +30,25 @@ def sources(*modules):
 def one_of(values):
     """A wildcard constraint matching exactly one of `values`."""
     return "|".join(re.escape(str(v)) for v in values)
+
+
+def log_for(output_pattern):
+    """The log of a job, beside the results: results/<preset>/logs/<same path>.log."""
+    return str(Path(LOGS) / Path(output_pattern).relative_to(RESULTS).with_suffix(".log"))
+
+
+def table(name):
+    return f"{TABLES}/{name}.csv"
+
+
+def figure(name):
+    return f"{FIGURES}/{name}.png"
+
+
+def caption(name):
+    """The caption of a table or figure in `snakemake --report`: workflow/report/<name>.rst."""
+    return f"../report/{name}.rst"
+
+
+def facts(section):
+    return f"{SECTION_DIR}/{section}.json"

@@ -1,43 +1,36 @@
-# Distributed data parallel and sharding (assignment section 4). Each job launches torchrun
-# with its world size (cs336_systems.experiments.torchrun) and declares the GPUs it takes;
-# a run the machine cannot hold writes a `skipped` record with the reason.
+# Distributed data parallel (assignment 5) and sharding (6). Each measuring job launches
+# torchrun with its world size (cs336_systems.experiments.torchrun) and declares the GPUs it
+# takes; a run the machine cannot hold writes a `skipped` record with the reason.
+
+from cs336_systems.distributed.variants import DDP_VARIANTS
+from cs336_systems.experiments.allreduce import BACKENDS
 
 DIST = P["distributed"]
+ALLREDUCE = DIST["allreduce"]
+DDP_CONFIG = DIST["ddp"]
+SHARDED_CONFIG = DIST["sharded_optimizer"]
+
 ALLREDUCE_RECORD = f"{RESULTS}/allreduce/{{backend}}_{{size_mb}}mb_world{{world_size}}.json"
 DDP_RECORD = f"{RESULTS}/ddp/{{variant}}.json"
 SHARDED_RECORD = f"{RESULTS}/sharded_optimizer/{{sharding}}.json"
 ACCOUNTING_RECORD = f"{RESULTS}/communication_accounting.json"
 
+# A DDP run is named by its variant, the bucketed one by its bucket size too: bucketed-<MB>mb.
+DDP_RUNS = [v for v in DDP_VARIANTS if v in DDP_CONFIG["variants"] and v != "bucketed"]
+if "bucketed" in DDP_CONFIG["variants"]:
+    DDP_RUNS += [f"bucketed-{mb:g}mb" for mb in DDP_CONFIG["bucket_sizes_mb"]]
+# Where DDP and ShardedOptimizer run (nccl on GPUs, gloo on CPUs) follows the preset's device.
+DDP_GPUS = 0 if DEVICE == "cpu" else DDP_CONFIG["world_size"]
+SHARDED_GPUS = 0 if DEVICE == "cpu" else SHARDED_CONFIG["world_size"]
 
-def gpus_for(backend, world_size):
-    """GPUs a job takes (for schedulers that hand them out, e.g. profiles/slurm)."""
-    return world_size if backend == "nccl" else 0
-
-
-def ddp_variant_names():
-    """naive, flat, overlap, torch, and one bucketed-<MB>mb per bucket size."""
-    names = [v for v in DIST["ddp"]["variants"] if v != "bucketed"]
-    if "bucketed" in DIST["ddp"]["variants"]:
-        names += [f"bucketed-{mb:g}mb" for mb in DIST["ddp"]["bucket_sizes_mb"]]
-    return names
-
-
-def ddp_variant_arguments(wildcards):
-    if wildcards.variant.startswith("bucketed-"):
-        mb = wildcards.variant.removeprefix("bucketed-").removesuffix("mb")
-        return f"--variant bucketed --bucket-size-mb {mb}"
-    return f"--variant {wildcards.variant}"
-
-
-def distributed_records():
-    a = DIST["allreduce"]
-    return {
-        "allreduce": expand(ALLREDUCE_RECORD, backend=a["backends"],
-                            size_mb=[f"{s:g}" for s in a["sizes_mb"]], world_size=a["world_sizes"]),
-        "ddp": expand(DDP_RECORD, variant=ddp_variant_names()),
-        "sharded": expand(SHARDED_RECORD, sharding=["sharded", "replicated"]),
-        "accounting": [ACCOUNTING_RECORD],
-    }
+DISTRIBUTED_RECORDS = {
+    "allreduce": expand(ALLREDUCE_RECORD, backend=ALLREDUCE["backends"],
+                        size_mb=[f"{s:g}" for s in ALLREDUCE["sizes_mb"]],
+                        world_size=ALLREDUCE["world_sizes"]),
+    "ddp": expand(DDP_RECORD, variant=DDP_RUNS),
+    "sharded": expand(SHARDED_RECORD, sharding=["sharded", "replicated"]),
+    "accounting": [ACCOUNTING_RECORD],
+}
 
 
 rule allreduce:
@@ -45,20 +38,23 @@ rule allreduce:
         sources("cs336_systems.experiments.allreduce"),
     output:
         ALLREDUCE_RECORD,
+    log:
+        log_for(ALLREDUCE_RECORD),
     wildcard_constraints:
-        backend="gloo|nccl",
+        backend=one_of(BACKENDS),
         size_mb=r"[\d.]+",
         world_size=r"\d+",
     params:
-        warmup=DIST["allreduce"]["warmup"],
-        iterations=DIST["allreduce"]["iterations"],
+        job="experiment",
+        cli="cs336_systems.experiments.allreduce",
+        # the device follows the backend: nccl on GPUs, gloo on CPUs
+        args=lambda wildcards: {**wildcards, "warmup": ALLREDUCE["warmup"],
+                                "iterations": ALLREDUCE["iterations"]},
     threads: lambda wildcards: int(wildcards.world_size)
     resources:
-        gpu=lambda wildcards: gpus_for(wildcards.backend, int(wildcards.world_size)),
-    shell:
-        "{PYTHON} -m cs336_systems.experiments.allreduce --backend {wildcards.backend}"
-        " --size-mb {wildcards.size_mb} --world-size {wildcards.world_size}"
-        " --warmup {params.warmup} --iterations {params.iterations} --output {output}"
+        gpu=lambda wildcards: int(wildcards.world_size) if wildcards.backend == "nccl" else 0,
+    script:
+        JOB_SCRIPT
 
 
 rule ddp:
@@ -66,20 +62,29 @@ rule ddp:
         sources("cs336_systems.experiments.ddp"),
     output:
         DDP_RECORD,
+    log:
+        log_for(DDP_RECORD),
     wildcard_constraints:
-        variant=r"naive|flat|overlap|torch|bucketed-[\d.]+mb",
+        variant=one_of(v for v in DDP_VARIANTS if v != "bucketed") + r"|bucketed-[\d.]+mb",
     params:
-        variant=ddp_variant_arguments,
-        c=DIST["ddp"],
-        trace=lambda wildcards: f"{RESULTS}/ddp/{wildcards.variant}.trace.json.gz",
-    threads: DIST["ddp"]["world_size"]
+        job="experiment",
+        cli="cs336_systems.experiments.ddp",
+        # "bucketed-10mb" -> variant bucketed, bucket_size_mb 10; "naive" -> naive, None.
+        # The trace is a parameter, not an output: a run without one (skipped, or rank 0's
+        # export failing) must not fail the job.
+        args=lambda wildcards: {
+            "variant": wildcards.variant.partition("-")[0],
+            "bucket_size_mb": wildcards.variant.partition("-")[2].removesuffix("mb") or None,
+            **{key: DDP_CONFIG[key] for key in ("size", "context_length", "batch_size",
+                                                "world_size", "warmup_steps", "measure_steps")},
+            "trace": f"{RESULTS}/ddp/{wildcards.variant}.trace.json.gz",
+            "device": DEVICE,
+        },
+    threads: DDP_CONFIG["world_size"]
     resources:
-        gpu=DIST["ddp"]["world_size"],
-    shell:
-        "{PYTHON} -m cs336_systems.experiments.ddp {params.variant} --size {params.c[size]}"
-        " --context-length {params.c[context_length]} --batch-size {params.c[batch_size]}"
-        " --world-size {params.c[world_size]} --warmup-steps {params.c[warmup_steps]}"
-        " --measure-steps {params.c[measure_steps]} --trace {params.trace} --output {output}"
+        gpu=DDP_GPUS,
+    script:
+        JOB_SCRIPT
 
 
 rule sharded_optimizer:
@@ -87,20 +92,25 @@ rule sharded_optimizer:
         sources("cs336_systems.experiments.sharded_optimizer"),
     output:
         SHARDED_RECORD,
+    log:
+        log_for(SHARDED_RECORD),
     wildcard_constraints:
         sharding="sharded|replicated",
     params:
-        flag=lambda wildcards: "--sharded" if wildcards.sharding == "sharded" else "--no-sharded",
-        c=DIST["sharded_optimizer"],
-    threads: DIST["sharded_optimizer"]["world_size"]
+        job="experiment",
+        cli="cs336_systems.experiments.sharded_optimizer",
+        args=lambda wildcards: {
+            "sharded": wildcards.sharding == "sharded",
+            **{key: SHARDED_CONFIG[key] for key in ("size", "context_length", "batch_size",
+                                                    "world_size", "warmup_steps",
+                                                    "measure_steps")},
+            "device": DEVICE,
+        },
+    threads: SHARDED_CONFIG["world_size"]
     resources:
-        gpu=DIST["sharded_optimizer"]["world_size"],
-    shell:
-        "{PYTHON} -m cs336_systems.experiments.sharded_optimizer {params.flag}"
-        " --size {params.c[size]} --context-length {params.c[context_length]}"
-        " --batch-size {params.c[batch_size]} --world-size {params.c[world_size]}"
-        " --warmup-steps {params.c[warmup_steps]} --measure-steps {params.c[measure_steps]}"
-        " --output {output}"
+        gpu=SHARDED_GPUS,
+    script:
+        JOB_SCRIPT
 
 
 rule communication_accounting:
@@ -108,25 +118,41 @@ rule communication_accounting:
         sources("cs336_systems.experiments.communication_accounting"),
     output:
         ACCOUNTING_RECORD,
-    shell:
-        "{PYTHON} -m cs336_systems.experiments.communication_accounting --output {output}"
+    log:
+        log_for(ACCOUNTING_RECORD),
+    params:
+        job="experiment",
+        cli="cs336_systems.experiments.communication_accounting",
+        args={},  # the assignment's constants are the inputs: nothing to choose
+    script:
+        JOB_SCRIPT
 
 
 rule distributed_tables:
     input:
-        **distributed_records(),
+        **DISTRIBUTED_RECORDS,
         code=sources("cs336_systems.report.sections.distributed"),
     output:
-        allreduce_csv=f"{TABLES}/allreduce.csv",
-        ddp_csv=f"{TABLES}/ddp.csv",
-        sharded_csv=f"{TABLES}/sharded_optimizer.csv",
-        accounting_csv=f"{TABLES}/communication_accounting.csv",
-        allreduce_figure=f"{FIGURES}/allreduce_bandwidth.png",
-        ddp_figure=f"{FIGURES}/ddp_step_time.png",
-    shell:
-        "{PYTHON} -m cs336_systems.report.sections.distributed"
-        " --allreduce-records {input.allreduce} --ddp-records {input.ddp}"
-        " --sharded-records {input.sharded} --accounting-record {input.accounting}"
-        " --allreduce-csv {output.allreduce_csv} --ddp-csv {output.ddp_csv}"
-        " --sharded-csv {output.sharded_csv} --accounting-csv {output.accounting_csv}"
-        " --allreduce-figure {output.allreduce_figure} --ddp-figure {output.ddp_figure}"
+        facts=facts("distributed"),
+        allreduce_table=report(table("allreduce"), caption=caption("allreduce"),
+                               category="5 Distributed data parallel"),
+        ddp_table=report(table("ddp"), caption=caption("ddp"),
+                         category="5 Distributed data parallel"),
+        sharded_table=report(table("sharded_optimizer"), caption=caption("sharded_optimizer"),
+                             category="6 Sharding"),
+        accounting_table=report(table("communication_accounting"),
+                                caption=caption("communication_accounting"),
+                                category="5 Distributed data parallel"),
+        allreduce_figure=report(figure("allreduce_bandwidth"),
+                                caption=caption("allreduce_bandwidth"),
+                                category="5 Distributed data parallel"),
+        ddp_figure=report(figure("ddp_step_time"), caption=caption("ddp_step_time"),
+                          category="5 Distributed data parallel"),
+    log:
+        f"{LOGS}/distributed_tables.log",
+    params:
+        job="section_tables",
+        section="distributed",
+        options={},
+    script:
+        JOB_SCRIPT

@@ -1,78 +1,93 @@
-# flash_benchmarking (assignment section 3.4): one job per (implementation, seq, d, dtype),
-# the leaderboard case (3.5) as its own records, then one table, two figures.
+# flash_benchmarking (assignment 4.4): one job per (implementation, seq, d, dtype); the
+# leaderboard case (4.5, 2025) as one job per implementation; then the section's tables,
+# figures and facts. Each job lists the kernel module of its own implementation as a source,
+# so editing kernels/flash_triton.py redoes the flash-triton jobs and nothing else.
 
-from cs336_systems.experiments.flash import DTYPES, IMPLEMENTATIONS, implementation_modules
+from cs336_systems.attention import ATTENTION_IMPLEMENTATIONS, attention_modules
+from cs336_systems.timing import PRECISIONS
 
 FLASH = P["flash"]
+LEADERBOARD = FLASH["leaderboard"]
 FLASH_RECORD = f"{RESULTS}/flash/{{impl}}_seq{{seq}}_d{{d}}_{{dtype}}.json"
 LEADERBOARD_RECORD = f"{RESULTS}/flash_leaderboard/{{impl}}.json"
-FLASH_WILDCARDS = dict(impl=one_of(IMPLEMENTATIONS), dtype=one_of(DTYPES), seq=r"\d+", d=r"\d+")
-
-
-def flash_sources(wildcards):
-    """The CLI and, per implementation, the kernel it runs: editing the Triton kernel
-    redoes the Triton jobs only."""
-    return sources("cs336_systems.experiments.flash", *implementation_modules(wildcards.impl))
-
-
-def flash_records():
-    return expand(FLASH_RECORD, impl=FLASH["implementations"], seq=FLASH["seq_lengths"],
-                  d=FLASH["d_heads"], dtype=FLASH["dtypes"])
-
-
-def leaderboard_records():
-    return expand(LEADERBOARD_RECORD, impl=FLASH["leaderboard"]["implementations"])
+FLASH_RECORDS = expand(FLASH_RECORD, impl=FLASH["implementations"], seq=FLASH["seq_lengths"],
+                       d=FLASH["d_heads"], dtype=FLASH["dtypes"])
+LEADERBOARD_RECORDS = expand(LEADERBOARD_RECORD, impl=LEADERBOARD["implementations"])
+FLASH_CATEGORY = "4 FlashAttention-2"
 
 
 rule flash:
     input:
-        flash_sources,
+        # the CLI, plus the kernels of this job's implementation (imported lazily)
+        lambda wildcards: sources("cs336_systems.experiments.flash",
+                                  *attention_modules(wildcards.impl)),
     output:
         FLASH_RECORD,
+    log:
+        log_for(FLASH_RECORD),
     wildcard_constraints:
-        **FLASH_WILDCARDS,
+        impl=one_of(ATTENTION_IMPLEMENTATIONS),
+        dtype=one_of(PRECISIONS),
+        seq=r"\d+",
+        d=r"\d+",
     params:
-        batch_size=FLASH["batch_size"],
-        causal="--causal" if FLASH["causal"] else "--no-causal",
+        job="experiment",
+        cli="cs336_systems.experiments.flash",
+        args=lambda wildcards: {"impl": wildcards.impl, "seq": wildcards.seq, "d": wildcards.d,
+                                "dtype": wildcards.dtype, "batch_size": FLASH["batch_size"],
+                                "causal": FLASH["causal"], "compile": False,
+                                "device": DEVICE},
     resources:
         gpu=1,
-    shell:
-        "{PYTHON} -m cs336_systems.experiments.flash --impl {wildcards.impl} --seq {wildcards.seq}"
-        " --d {wildcards.d} --dtype {wildcards.dtype} --batch-size {params.batch_size}"
-        " {params.causal} --output {output}"
+    script:
+        JOB_SCRIPT
 
 
 rule flash_leaderboard:
     input:
-        flash_sources,
+        lambda wildcards: sources("cs336_systems.experiments.flash",
+                                  *attention_modules(wildcards.impl)),
     output:
         LEADERBOARD_RECORD,
+    log:
+        log_for(LEADERBOARD_RECORD),
     wildcard_constraints:
-        impl=FLASH_WILDCARDS["impl"],
+        impl=one_of(ATTENTION_IMPLEMENTATIONS),
     params:
-        board=FLASH["leaderboard"],
+        job="experiment",
+        cli="cs336_systems.experiments.flash",
+        # the assignment's case: torch.compile of each implementation, causal
+        args=lambda wildcards: {"impl": wildcards.impl, "seq": LEADERBOARD["seq"],
+                                "d": LEADERBOARD["d"], "dtype": LEADERBOARD["dtype"],
+                                "batch_size": LEADERBOARD["batch_size"], "causal": True,
+                                "compile": True, "device": DEVICE},
     resources:
         gpu=1,
-    shell:
-        "{PYTHON} -m cs336_systems.experiments.flash --impl {wildcards.impl} --compile --causal"
-        " --seq {params.board[seq]} --d {params.board[d]} --dtype {params.board[dtype]}"
-        " --batch-size {params.board[batch_size]} --output {output}"
+    script:
+        JOB_SCRIPT
 
 
-rule flash_table:
+rule flash_tables:
     input:
-        records=flash_records(),
-        leaderboard=leaderboard_records(),
+        records=FLASH_RECORDS,
+        leaderboard=LEADERBOARD_RECORDS,
         code=sources("cs336_systems.report.sections.flash"),
     output:
-        csv=f"{TABLES}/flash.csv",
-        markdown=f"{TABLES}/flash.md",
-        leaderboard_csv=f"{TABLES}/flash_leaderboard.csv",
-        latency_figure=f"{FIGURES}/flash_latency_vs_seq.png",
-        speedup_figure=f"{FIGURES}/flash_speedup.png",
-    shell:
-        "{PYTHON} -m cs336_systems.report.sections.flash --records {input.records}"
-        " --leaderboard-records {input.leaderboard}"
-        " --csv {output.csv} --markdown {output.markdown}"
-        " --leaderboard-csv {output.leaderboard_csv}"
-        " --latency-figure {output.latency_figure} --speedup-figure {output.speedup_figure}"
+        facts=facts("flash"),
+        table=report(table("flash"), caption=caption("flash"), category=FLASH_CATEGORY),
+        leaderboard_table=report(table("flash_leaderboard"),
+                                 caption=caption("flash_leaderboard"),
+                                 category=FLASH_CATEGORY),
+        latency_figure=report(figure("flash_latency_vs_seq"),
+                              caption=caption("flash_latency_vs_seq"),
+                              category=FLASH_CATEGORY),
+        speedup_figure=report(figure("flash_speedup"), caption=caption("flash_speedup"),
+                              category=FLASH_CATEGORY),
+    log:
+        f"{LOGS}/flash_tables.log",
+    params:
+        job="section_tables",
+        section="flash",
+        options={},
+    script:
+        JOB_SCRIPT

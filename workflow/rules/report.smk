@@ -1,40 +1,40 @@
-# The writeup: every section's table and figures rendered through the templates.
+# The writeup: each section's facts rendered through its template, then the header, the
+# coverage table and the sections in the order of cs336_systems.report.sections.SECTIONS.
+# Editing a section's template redoes that section's markdown and the writeup, nothing else.
 
-WRITEUP_TEMPLATES = sorted(str(p.relative_to(workflow.basedir)) for p in
-                           Path(workflow.basedir).glob("src/cs336_systems/report/templates/*.md"))
+TEMPLATES = "src/cs336_systems/report/templates"
+
+
+rule section_markdown:
+    input:
+        facts=facts("{section}"),
+        template=f"{TEMPLATES}/{{section}}.md.j2",
+        code=sources("cs336_systems.report.render"),
+    output:
+        f"{SECTION_DIR}/{{section}}.md",
+    log:
+        f"{LOGS}/sections/{{section}}.log",
+    wildcard_constraints:
+        section=one_of(SECTIONS),
+    params:
+        job="section_markdown",
+        link_base="report",  # sections are parts of report/writeup.md: links start there
+    script:
+        JOB_SCRIPT
 
 
 rule writeup:
     input:
-        benchmark_table=rules.benchmark_table.output.csv,
-        benchmark_scaling_figure=rules.benchmark_table.output.scaling_figure,
-        benchmark_warmup_figure=rules.benchmark_table.output.warmup_figure,
-        flash_table=rules.flash_table.output.csv,
-        flash_leaderboard_table=rules.flash_table.output.leaderboard_csv,
-        flash_latency_figure=rules.flash_table.output.latency_figure,
-        flash_speedup_figure=rules.flash_table.output.speedup_figure,
-        allreduce_table=rules.distributed_tables.output.allreduce_csv,
-        ddp_table=rules.distributed_tables.output.ddp_csv,
-        sharded_table=rules.distributed_tables.output.sharded_csv,
-        accounting_table=rules.distributed_tables.output.accounting_csv,
-        allreduce_figure=rules.distributed_tables.output.allreduce_figure,
-        ddp_figure=rules.distributed_tables.output.ddp_figure,
+        sections=expand(f"{SECTION_DIR}/{{section}}.md", section=SECTIONS),
+        facts=[facts(section) for section in SECTIONS],
+        template=f"{TEMPLATES}/writeup.md.j2",
         code=sources("cs336_systems.report.writeup"),
-        templates=WRITEUP_TEMPLATES,
     output:
-        "report/writeup.md",
+        report("report/writeup.md", caption=caption("writeup"), category="Writeup"),
+    log:
+        f"{LOGS}/writeup.log",
     params:
+        job="writeup",
         preset=PRESET,
-    shell:
-        "{PYTHON} -m cs336_systems.report.writeup --preset {params.preset} --results-dir {RESULTS}"
-        " --benchmark-table {input.benchmark_table}"
-        " --benchmark-scaling-figure {input.benchmark_scaling_figure}"
-        " --benchmark-warmup-figure {input.benchmark_warmup_figure}"
-        " --flash-table {input.flash_table}"
-        " --flash-leaderboard-table {input.flash_leaderboard_table}"
-        " --flash-latency-figure {input.flash_latency_figure}"
-        " --flash-speedup-figure {input.flash_speedup_figure}"
-        " --allreduce-table {input.allreduce_table} --ddp-table {input.ddp_table}"
-        " --sharded-table {input.sharded_table} --accounting-table {input.accounting_table}"
-        " --allreduce-figure {input.allreduce_figure} --ddp-figure {input.ddp_figure}"
-        " --output {output}"
+    script:
+        JOB_SCRIPT

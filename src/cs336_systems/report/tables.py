@@ -30,6 +30,16 @@ def records_frame(paths: Iterable[str | Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def env_summary(*frames: pd.DataFrame) -> dict[str, list[str]]:
+    """Distinct values of each `env_*` column (device, GPU, versions, commit) over the tables:
+    what a section's facts say about where and from which code its numbers came."""
+    summary = {}
+    for key in ENV_COLUMNS:
+        values = {str(v) for f in frames if f"env_{key}" in f for v in f[f"env_{key}"].dropna()}
+        summary[key] = sorted(values)
+    return summary
+
+
 def write_table(frame: pd.DataFrame, csv_path: str | Path, markdown_path: str | Path | None = None,
                 markdown_frame: pd.DataFrame | None = None) -> None:
     """CSV of the full table; markdown of `markdown_frame` (a display version) or the table."""

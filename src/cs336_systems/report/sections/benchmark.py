@@ -1,21 +1,22 @@
-"""benchmarking_script (§1.1): table, figures and writeup section from the benchmark records.
+"""benchmarking_script (assignment 1.1): the table, figures and facts of the benchmark records.
 
-    python -m cs336_systems.report.sections.benchmark --records r1.json r2.json ... \
-        --csv benchmark.csv --markdown benchmark.md --scaling-figure a.png --warmup-figure b.png
+`build` is the section's report module entry (see `cs336_systems.report.sections`); the prose
+is in `templates/benchmark.md.j2`.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pandas as pd
 
+from cs336_systems.lm_step import MODES
 from cs336_systems.model import MODEL_SIZES
 from cs336_systems.records import read_record
 from cs336_systems.report import figures
-from cs336_systems.report.render import bullets, fmt, fmt_ratio, relative_link, render_template
-from cs336_systems.report.tables import (ensure_columns, mean_pm_std, records_frame,
+from cs336_systems.report.facts import covered, speedup
+from cs336_systems.report.render import fmt
+from cs336_systems.report.tables import (ensure_columns, env_summary, mean_pm_std, records_frame,
                                          to_markdown, write_table)
 
 CONFIG_COLUMNS = ["size", "context_length", "mode", "precision", "warmup_steps", "measure_steps",
@@ -25,6 +26,11 @@ METRIC_COLUMNS = (["parameters", "model_flops_per_step"]
                   + [f"{p}_ms_{s}" for p in PHASES for s in ("mean", "std", "median", "first", "max")]
                   + ["peak_gib"])
 SIZE_ORDER = {name: i for i, name in enumerate(MODEL_SIZES)}
+# The assignment's matrix (1.1): every size of its table (`tiny` is ours), these contexts, and
+# these warm-up counts for (c). A run that leaves some out answers the problem in part.
+ASSIGNMENT_SIZES = tuple(s for s in MODEL_SIZES if s != "tiny")
+ASSIGNMENT_CONTEXTS = (128, 256, 512, 1024)
+ASSIGNMENT_WARMUPS = (0, 1, 2, 5)
 
 
 def build_table(record_paths: list[str], main_warmup_steps: int) -> pd.DataFrame:
@@ -57,7 +63,7 @@ def display_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 def scaling_figure(table: pd.DataFrame, path: str | Path) -> None:
     ok = table[table["main_sweep"] & (table["status"] == "ok")]
-    modes = [m for m in ("forward", "forward-backward", "train-step") if m in set(ok["mode"])]
+    modes = [m for m in MODES if m in set(ok["mode"])]
     fig, axes = figures.subplots(max(len(modes), 1))
     for ax, mode in zip(axes[0], modes):
         for (context, precision), group in ok[ok["mode"] == mode].groupby(
@@ -96,171 +102,180 @@ def warmup_figure(record_paths: list[str], path: str | Path) -> None:
     figures.save(fig, path)
 
 
-# --- writeup -------------------------------------------------------------------------------
+# --- facts ---------------------------------------------------------------------------------
 
-def _variability_sentence(ok: pd.DataFrame) -> str:
+CONFIG_KEYS = ["size", "context_length", "mode", "precision"]
+
+
+def _where(row: pd.Series) -> dict:
+    return {k: row[k] for k in CONFIG_KEYS}
+
+
+def variability(ok: pd.DataFrame) -> dict | None:
+    """std / mean over every phase timing (a forward-only step counted once, as its forward)."""
     ratios = []
     for phase in PHASES:
         has = ok[f"{phase}_ms_mean"].notna()
-        if phase == "step":  # a forward-only step is its forward phase: count it once
+        if phase == "step":
             has &= ok["mode"] != "forward"
         r = (ok.loc[has, f"{phase}_ms_std"] / ok.loc[has, f"{phase}_ms_mean"]).rename("ratio")
-        ratios.append(pd.concat([ok.loc[has, CONFIG_COLUMNS], r], axis=1).assign(phase=phase))
-    ratios = pd.concat(ratios, ignore_index=True)
-    worst = ratios.loc[ratios["ratio"].idxmax()] if len(ratios) else None
-    if worst is None:
-        return "No successful timings to assess variability."
-    return (f"Across {len(ratios)} phase timings the standard deviation is a median "
-            f"{fmt(100 * ratios['ratio'].median(), 1)}% of the mean (largest "
-            f"{fmt(100 * worst['ratio'], 1)}%, for the {worst['phase']} phase of {worst['size']} "
-            f"at context {worst['context_length']}, {worst['mode']}, {worst['precision']}).")
+        ratios.append(pd.concat([ok.loc[has, CONFIG_KEYS], r], axis=1).assign(phase=phase))
+    ratios = pd.concat(ratios, ignore_index=True) if ratios else pd.DataFrame()
+    if ratios.empty:
+        return None
+    worst = ratios.loc[ratios["ratio"].idxmax()]
+    return {"count": len(ratios), "median": ratios["ratio"].median(),
+            "worst": {"ratio": worst["ratio"], "phase": worst["phase"], **_where(worst)}}
 
 
-def _backward_sentence(ok: pd.DataFrame) -> str:
+def backward_share(ok: pd.DataFrame) -> dict | None:
+    """Backward / forward and optimizer / step over the training steps."""
     steps = ok[(ok["mode"] == "train-step") & ok["backward_ms_mean"].notna()]
     if steps.empty:
-        return ""
+        return None
     ratio = steps["backward_ms_mean"] / steps["forward_ms_mean"]
     share = steps["optimizer_ms_mean"] / steps["step_ms_mean"]
-    return (f"In a training step the backward pass takes {fmt_ratio(ratio.min())} to "
-            f"{fmt_ratio(ratio.max())} the forward pass (median {fmt_ratio(ratio.median())}), and "
-            f"the AdamW step is {fmt(100 * share.min(), 1)}% to {fmt(100 * share.max(), 1)}% of "
-            f"the step.")
+    return {"backward_over_forward": {"min": ratio.min(), "median": ratio.median(),
+                                      "max": ratio.max()},
+            "optimizer_share": {"min": share.min(), "max": share.max()}}
 
 
-def _scaling_sentence(ok: pd.DataFrame) -> str:
+def scaling(ok: pd.DataFrame) -> dict | None:
+    """Smallest against largest size: training step, fp32, shortest context."""
     steps = ok[(ok["mode"] == "train-step") & (ok["precision"] == "fp32")]
     sizes = sorted(set(steps["size"]), key=SIZE_ORDER.get)
     if len(sizes) < 2:
-        return ""
+        return None
     context = steps["context_length"].min()
     at = steps[steps["context_length"] == context].set_index("size")
     small, large = sizes[0], sizes[-1]
     if small not in at.index or large not in at.index:
-        return ""
-    time_ratio = at.loc[large, "step_ms_mean"] / at.loc[small, "step_ms_mean"]
-    param_ratio = at.loc[large, "parameters"] / at.loc[small, "parameters"]
-    return (f"From {small} to {large} (context {context}, fp32) the parameter count grows "
-            f"{fmt_ratio(param_ratio)} and the training step {fmt_ratio(time_ratio)} "
-            f"({fmt(at.loc[small, 'step_ms_mean'], 1)} ms to {fmt(at.loc[large, 'step_ms_mean'], 1)} ms).")
+        return None
+    return {"small": small, "large": large, "context_length": context,
+            "parameter_ratio": at.loc[large, "parameters"] / at.loc[small, "parameters"],
+            "time_ratio": at.loc[large, "step_ms_mean"] / at.loc[small, "step_ms_mean"],
+            "small_ms": at.loc[small, "step_ms_mean"], "large_ms": at.loc[large, "step_ms_mean"]}
 
 
-def _precision_sentence(ok: pd.DataFrame) -> str:
+def precision_speedups(ok: pd.DataFrame) -> list[dict]:
+    """bf16 autocast against fp32, per size and mode, over contexts: the median speed-up, its
+    range, and in how many contexts the two times lie within each other's spread."""
     keys = ["size", "context_length", "mode"]
-    fp32 = ok[ok["precision"] == "fp32"].set_index(keys)["step_ms_mean"]
-    bf16 = ok[ok["precision"] == "bf16"].set_index(keys)["step_ms_mean"]
-    speedup = (fp32 / bf16).dropna()
-    if speedup.empty:
-        return ""
-    parts = []
-    for size in sorted({k[0] for k in speedup.index}, key=SIZE_ORDER.get):
-        for mode in ("forward", "train-step"):
-            s = speedup[[k for k in speedup.index if k[0] == size and k[2] == mode]]
-            if len(s):
-                verdict = "faster" if s.median() > 1 else "not faster"
-                parts.append(f"{size} {mode} {fmt_ratio(s.median())} ({verdict}; "
-                             f"{fmt(s.min(), 2)} to {fmt(s.max(), 2)} over contexts)")
-    return ("Speed-up of bf16 autocast over fp32 (fp32 time / bf16 time), median over "
-            "contexts: " + "; ".join(parts) + ".")
+    step = ok.set_index(keys + ["precision"])[["step_ms_mean", "step_ms_std"]]
+    out = []
+    for (size, mode), group in ok.groupby(["size", "mode"]):
+        pairs = []
+        for context in sorted(set(group["context_length"])):
+            try:
+                fp32 = step.loc[(size, context, mode, "fp32")]
+                bf16 = step.loc[(size, context, mode, "bf16")]
+            except KeyError:
+                continue
+            pairs.append(speedup(bf16["step_ms_mean"], fp32["step_ms_mean"],
+                                 bf16["step_ms_std"], fp32["step_ms_std"]))
+        pairs = [p for p in pairs if p]
+        if not pairs:
+            continue
+        ratios = pd.Series([p["ratio"] for p in pairs])
+        median = speedup(1.0, ratios.median())
+        out.append({"size": size, "mode": mode, "median": median, "min": ratios.min(),
+                    "max": ratios.max(), "contexts": len(pairs),
+                    "within_spread": sum(bool(p["within_spread"]) for p in pairs)})
+    return sorted(out, key=lambda r: (SIZE_ORDER[r["size"]], MODES.index(r["mode"])))
 
 
-def _failures_sentence(table: pd.DataFrame) -> str:
+def failures(table: pd.DataFrame) -> list[dict]:
     failed = table[table["status"] != "ok"]
-    if failed.empty:
-        return "Every configuration ran."
-    items = [f"{r['size']} ctx {r['context_length']} {r['mode']} {r['precision']} "
-             f"warm-up {r['warmup_steps']}: {r['status']}" for _, r in failed.iterrows()]
-    return "Not measured: " + "; ".join(items) + "."
+    return [{**_where(r), "warmup_steps": r["warmup_steps"], "status": r["status"],
+             "message": str(r["message"]).splitlines()[0] if r["message"] else ""}
+            for _, r in failed.iterrows()]
 
 
-def _warmup_analysis(table: pd.DataFrame) -> tuple[str, str]:
-    ablation = table[(table["status"] == "ok")]
+def warmup_ablation(table: pd.DataFrame) -> dict | None:
+    """Per configuration with every warm-up count: its rows for the table, and the cold run
+    (fewest warm-up steps) against the warm one (most)."""
+    ablation = table[table["status"] == "ok"]
     counts = sorted(set(ablation["warmup_steps"]))
     if len(counts) < 2:
-        return "_(the preset has no warm-up ablation)_", ""
-    groups = ablation.groupby(["size", "context_length", "mode", "precision"])
-    groups = [(k, g) for k, g in groups if g["warmup_steps"].nunique() == len(counts)]
-    rows, sentences = [], []
-    for (size, context, mode, precision), g in sorted(groups, key=lambda kg: SIZE_ORDER[kg[0][0]]):
-        g = g.set_index("warmup_steps")
+        return None
+    groups = [(k, g.set_index("warmup_steps")) for k, g in ablation.groupby(CONFIG_KEYS)
+              if g["warmup_steps"].nunique() == len(counts)]
+    rows, configs = [], []
+    for key, g in sorted(groups, key=lambda kg: SIZE_ORDER[kg[0][0]]):
+        where = dict(zip(CONFIG_KEYS, key))
         for w in counts:
-            rows.append({"size": size, "context": context, "mode": mode, "precision": precision,
-                         "warm-up": w,
+            rows.append({"size": where["size"], "context": where["context_length"],
+                         "mode": where["mode"], "precision": where["precision"], "warm-up": w,
                          "step ms": mean_pm_std(g.loc[w, "step_ms_mean"], g.loc[w, "step_ms_std"]),
                          "std/mean %": fmt(100 * g.loc[w, "step_ms_std"] / g.loc[w, "step_ms_mean"], 1),
                          "first measured step ms": fmt(g.loc[w, "step_ms_first"], 2)})
         cold, warm = g.loc[counts[0]], g.loc[counts[-1]]
-        sentences.append(
-            f"{size} (ctx {context}, {mode}, {precision}): with {counts[0]} warm-up steps the mean "
-            f"step is {fmt(cold['step_ms_mean'], 1)} ms and std/mean "
-            f"{fmt(100 * cold['step_ms_std'] / cold['step_ms_mean'], 0)}%, against "
-            f"{fmt(warm['step_ms_mean'], 1)} ms and {fmt(100 * warm['step_ms_std'] / warm['step_ms_mean'], 1)}% "
-            f"after {counts[-1]}; the first measured step of the cold run took "
-            f"{fmt(cold['step_ms_first'], 1)} ms, {fmt_ratio(cold['step_ms_first'] / warm['step_ms_median'])} "
-            f"the warmed-up median."
-            + "".join(f" After {w} warm-up step(s) the mean is "
-                      f"{fmt_ratio(g.loc[w, 'step_ms_mean'] / warm['step_ms_mean'])} the mean after "
-                      f"{counts[-1]}." for w in counts[1:-1]))
-    return to_markdown(pd.DataFrame(rows)), bullets(sentences)
+        configs.append({
+            **where,
+            "cold": {"warmup_steps": counts[0], "mean": cold["step_ms_mean"],
+                     "spread": cold["step_ms_std"] / cold["step_ms_mean"],
+                     "first": cold["step_ms_first"]},
+            "warm": {"warmup_steps": counts[-1], "mean": warm["step_ms_mean"],
+                     "spread": warm["step_ms_std"] / warm["step_ms_mean"]},
+            "first_over_warm_median": cold["step_ms_first"] / warm["step_ms_median"],
+            "between": [{"warmup_steps": w, "mean_over_warm": g.loc[w, "step_ms_mean"]
+                         / warm["step_ms_mean"]} for w in counts[1:-1]],
+        })
+    return {"table": to_markdown(pd.DataFrame(rows)), "configs": configs}
 
 
-def _warmup_causes(table: pd.DataFrame) -> str:
-    on_cuda = "env_device" in table and (table["env_device"] == "cuda").any()
-    if on_cuda:
-        return ("CUDA context and cuBLAS handle creation, kernel selection and lazy module "
-                "loading, and the caching allocator growing its pool to the step's working set")
-    return ("lazy initialisation in PyTorch (operator dispatch tables, thread pools), the "
-            "allocator reaching the step's working set, and cold CPU caches")
-
-
-def render(table: pd.DataFrame, scaling_figure_path: str, warmup_figure_path: str,
-           writeup_path: str) -> str:
-    ok = table[table["status"] == "ok"]
-    main = table[table["main_sweep"]]
-    main_ok = main[main["status"] == "ok"]
+def size_table(table: pd.DataFrame) -> str:
     sizes = sorted(set(table["size"]), key=SIZE_ORDER.get)
     params = table.dropna(subset=["parameters"]).drop_duplicates("size").set_index("size")
-    size_rows = pd.DataFrame([
+    return to_markdown(pd.DataFrame([
         {"size": s, "d_model": MODEL_SIZES[s].d_model, "d_ff": MODEL_SIZES[s].d_ff,
          "layers": MODEL_SIZES[s].num_layers, "heads": MODEL_SIZES[s].num_heads,
-         "parameters (M, counted)": fmt(params.loc[s, "parameters"] / 1e6, 1) if s in params.index else ""}
-        for s in sizes])
-    warmup_table, warmup_sentences = _warmup_analysis(table)
+         "parameters (M, counted)": fmt(params.loc[s, "parameters"] / 1e6, 1)
+         if s in params.index else ""}
+        for s in sizes]))
+
+
+def left_out(table: pd.DataFrame) -> str:
+    """What of the assignment's matrix the run did not include ('' for nothing)."""
+    missing = {
+        "sizes": [s for s in ASSIGNMENT_SIZES if s not in set(table["size"])],
+        "contexts": [c for c in ASSIGNMENT_CONTEXTS if c not in set(table["context_length"])],
+        "warm-up counts": [w for w in ASSIGNMENT_WARMUPS if w not in set(table["warmup_steps"])],
+    }
+    parts = [f"{what} {', '.join(map(str, values))}" for what, values in missing.items() if values]
+    return ("not in this preset: " + "; ".join(parts)) if parts else ""
+
+
+def facts(table: pd.DataFrame, outputs: dict[str, str]) -> dict:
+    main = table[table["main_sweep"]]
+    main_ok = main[main["status"] == "ok"]
     first = table.iloc[0] if len(table) else None
-    return render_template(
-        "benchmark.md",
-        batch_size=first["batch_size"] if first is not None else "",
-        measure_steps=first["measure_steps"] if first is not None else "",
-        main_warmup=main["warmup_steps"].iloc[0] if len(main) else "",
-        size_table=to_markdown(size_rows),
-        timing_table=to_markdown(display_table(main)),
-        findings=bullets([_variability_sentence(main_ok), _backward_sentence(main_ok),
-                          _scaling_sentence(main_ok), _precision_sentence(main_ok),
-                          _failures_sentence(table)]),
-        scaling_figure=relative_link(scaling_figure_path, writeup_path),
-        warmup_table=warmup_table,
-        warmup_sentences=warmup_sentences,
-        warmup_figure=relative_link(warmup_figure_path, writeup_path),
-        warmup_causes=_warmup_causes(table),
-        ok_count=len(ok),
-    )
+    return {
+        "env": env_summary(table),
+        "coverage": {"benchmarking_script": covered(table, missing=left_out(table),
+                                                    anchor="benchmarking_script")},
+        "batch_size": first["batch_size"] if first is not None else None,
+        "measure_steps": first["measure_steps"] if first is not None else None,
+        "main_warmup_steps": main["warmup_steps"].iloc[0] if len(main) else None,
+        "on_cuda": bool("env_device" in table and (table["env_device"] == "cuda").any()),
+        "size_table": size_table(table),
+        "timing_table": to_markdown(display_table(main)),
+        "variability": variability(main_ok),
+        "backward": backward_share(main_ok),
+        "scaling": scaling(main_ok),
+        "precision": precision_speedups(main_ok),
+        "failures": failures(table),
+        "warmup": warmup_ablation(table),
+        "scaling_figure": outputs["scaling_figure"],
+        "warmup_figure": outputs["warmup_figure"],
+    }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", nargs="+", required=True)
-    parser.add_argument("--main-warmup-steps", type=int, required=True)
-    parser.add_argument("--csv", required=True)
-    parser.add_argument("--markdown", required=True)
-    parser.add_argument("--scaling-figure", required=True)
-    parser.add_argument("--warmup-figure", required=True)
-    args = parser.parse_args(argv)
-    table = build_table(args.records, args.main_warmup_steps)
-    write_table(table, args.csv, args.markdown, display_table(table))
-    scaling_figure(table, args.scaling_figure)
-    warmup_figure(args.records, args.warmup_figure)
-
-
-if __name__ == "__main__":
-    main()
+def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:
+    """Records -> outputs["table"] (CSV), the two figures, and the section's facts.
+    options: main_warmup_steps, the warm-up count of the main sweep."""
+    table = build_table(records["records"], options["main_warmup_steps"])
+    write_table(table, outputs["table"])
+    scaling_figure(table, outputs["scaling_figure"])
+    warmup_figure(records["records"], outputs["warmup_figure"])
+    return facts(table, outputs)

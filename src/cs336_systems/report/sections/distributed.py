@@ -1,24 +1,25 @@
-"""Distributed training (§4): tables, figures and the writeup section.
+"""Distributed data parallel (§5) and sharding (§6): tables, figures and the section's facts.
 
-    python -m cs336_systems.report.sections.distributed --allreduce-records ... \
-        --ddp-records ... --sharded-records ... --accounting-record ... \
-        --allreduce-csv ... --ddp-csv ... --sharded-csv ... --accounting-csv ... \
-        --allreduce-figure ... --ddp-figure ...
+`build(records, options, outputs)` reads the all-reduce, DDP, sharded-optimizer and
+communication-accounting records, writes their tables (CSV) and two figures, and returns the
+facts that `templates/distributed.md.j2` turns into the section: every number, ratio and
+verdict of the prose is computed here.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from cs336_systems.distributed.variants import DDP_VARIANTS
 from cs336_systems.report import figures
-from cs336_systems.report.render import bullets, fmt, fmt_ratio, relative_link, render_template
-from cs336_systems.report.tables import (ensure_columns, mean_pm_std, records_frame, to_markdown,
-                                         write_table)
+from cs336_systems.report.facts import covered, jsonable, speedup
+from cs336_systems.report.render import fmt
+from cs336_systems.report.tables import (ensure_columns, env_summary, mean_pm_std,
+                                         records_frame, to_markdown, write_table)
 
 ALLREDUCE_METRICS = ["allreduce_ms_median", "allreduce_ms_mean", "allreduce_ms_std",
                      "size_bytes", "algbw_gbps", "busbw_gbps"]
@@ -30,33 +31,69 @@ SHARDED_METRICS = ["allocated_gib_after_init", "allocated_gib_before_step",
                    "allocated_gib_after_step", "peak_gib", "parameter_gib", "gradient_gib",
                    "optimizer_state_gib", "step_ms_mean", "step_ms_std", "optimizer_ms_mean",
                    "optimizer_ms_std", "communicate_ms_mean", "forward_backward_ms_mean"]
+ACCOUNTING_METRICS = ["parameters", "master_weights_gb", "gradients_gb", "optimizer_state_gb",
+                      "fp32_state_gb", "activation_mb_per_token", "h100s_for_fp32_state",
+                      "fsdp_degree_to_fit_tpu", "flops_per_ici_byte",
+                      "compute_bound_per_device_batch", "compute_bound_overall_batch",
+                      "max_tp_degree_compute_bound", "devices"]
+ACCOUNTING_INPUTS = ["gpu_memory_gb", "tpu_memory_gb", "mesh_multiplicity_x", "fsdp_degree_x",
+                     "tp_degree_y"]
+# What the assignment asks to measure, for the coverage notes of a smaller preset.
+ASSIGNMENT_WORLD_SIZES = (2, 4, 6)
+ASSIGNMENT_SIZES_MB = (1, 10, 100, 1000)
+ASSIGNMENT_BUCKET_SIZES_MB = (1, 10, 100, 1000)
+ASSIGNMENT_DDP_SETUP = {"size": "xl", "world_size": 2, "backend": "nccl"}  # xl, 2 GPUs
+MIB = 2**20
 
 
 def _env(frame: pd.DataFrame) -> list[str]:
     return [c for c in frame.columns if c.startswith("env_")]
 
 
+def _number(value) -> float | None:
+    """A plain float, or None for a missing value."""
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def _first_line(message) -> str:
+    return str(message).strip().splitlines()[0] if pd.notna(message) and message else ""
+
+
+def _sizes(values) -> str:
+    """[2, 4] -> '2 and 4'; [1, 10, 100] -> '1, 10 and 100'."""
+    items = [f"{v:g}" for v in values]
+    return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+# --- tables --------------------------------------------------------------------------------
+
 def allreduce_table(paths: list[str]) -> pd.DataFrame:
-    frame = ensure_columns(records_frame(paths), ALLREDUCE_METRICS)
-    frame = frame.sort_values(["backend", "world_size", "size_mb"])
+    frame = ensure_columns(records_frame(paths), ["backend", "world_size", "size_mb"]
+                           + ALLREDUCE_METRICS)
+    frame = frame.sort_values(["backend", "world_size", "size_mb"], ignore_index=True)
     return frame[["backend", "world_size", "size_mb", "status", *ALLREDUCE_METRICS, "message",
                   *_env(frame)]]
 
 
 def ddp_table(paths: list[str]) -> pd.DataFrame:
+    """One row per DDP run, in the order of `DDP_VARIANTS`, bucketed runs by bucket size."""
     frame = ensure_columns(records_frame(paths), DDP_METRICS + ["bucket_size_mb"])
-    order = {"naive": 0, "flat": 1, "overlap": 2, "bucketed": 3, "torch": 4}
-    frame["variant_rank"] = frame["variant"].map(order)
-    frame = frame.sort_values(["variant_rank", "bucket_size_mb"])
-    return frame[["variant", "bucket_size_mb", "size", "context_length", "batch_size",
+    frame["variant_rank"] = frame["variant"].map({v: i for i, v in enumerate(DDP_VARIANTS)})
+    frame = frame.sort_values(["variant_rank", "bucket_size_mb"], ignore_index=True)
+    frame["label"] = [_label(r) for _, r in frame.iterrows()]
+    return frame[["variant", "bucket_size_mb", "label", "size", "context_length", "batch_size",
                   "world_size", "backend", "status", *DDP_METRICS, "message", *_env(frame)]]
 
 
 def sharded_table(paths: list[str]) -> pd.DataFrame:
     frame = ensure_columns(records_frame(paths), SHARDED_METRICS)
-    frame = frame.sort_values("sharded")
+    frame = frame.sort_values("sharded", ignore_index=True)
     return frame[["sharded", "size", "context_length", "batch_size", "world_size", "backend",
                   "status", *SHARDED_METRICS, "message", *_env(frame)]]
+
+
+def accounting_table(paths: list[str]) -> pd.DataFrame:
+    return ensure_columns(records_frame(paths), ACCOUNTING_INPUTS + ACCOUNTING_METRICS)
 
 
 def fit_latency_bandwidth(rows: pd.DataFrame) -> tuple[float | None, float] | None:
@@ -67,16 +104,28 @@ def fit_latency_bandwidth(rows: pd.DataFrame) -> tuple[float | None, float] | No
     rows = rows.dropna(subset=["allreduce_ms_median"])
     if rows["size_bytes"].nunique() < 2:
         return None
-    t = rows["allreduce_ms_median"].to_numpy()
-    slope, intercept = np.polyfit(rows["size_bytes"], t, 1, w=1.0 / t)
+    t = rows["allreduce_ms_median"].to_numpy(dtype=float)
+    slope, intercept = np.polyfit(rows["size_bytes"].to_numpy(dtype=float), t, 1, w=1.0 / t)
     if slope <= 0:
         return None
-    return (intercept if intercept > 0 else None), 1.0 / slope / 1e6  # ms per byte -> GB/s
+    return (float(intercept) if intercept > 0 else None), 1.0 / slope / 1e6  # ms/byte -> GB/s
+
+
+def overhead_ms(s_bytes: float, buckets: int, o_ms: float, w_gbps: float) -> float:
+    """The bucketed DDP overhead model: the last bucket's transfer plus a fixed cost per
+    bucket, s / (n_b w) + n_b o, in ms."""
+    return s_bytes / buckets / (w_gbps * 1e6) + buckets * o_ms
 
 
 def _label(row) -> str:
     return (f"bucketed {row['bucket_size_mb']:g} MiB" if row["variant"] == "bucketed"
             else str(row["variant"]))
+
+
+def _not_measured(rows: pd.DataFrame, label) -> list[dict]:
+    """The runs that did not end `ok`, each with its status and first line of the reason."""
+    return [{"run": label(r), "status": r["status"], "reason": _first_line(r["message"])}
+            for _, r in rows[rows["status"] != "ok"].iterrows()]
 
 
 # --- figures -------------------------------------------------------------------------------
@@ -87,10 +136,11 @@ def allreduce_figure(table: pd.DataFrame, path: str | Path) -> None:
     for (backend, world), group in ok.groupby(["backend", "world_size"]):
         group = group.sort_values("size_bytes")
         label = f"{backend}, {world} processes"
-        axes[0][0].plot(group["size_bytes"] / 1e6, group["allreduce_ms_median"], marker="o", label=label)
-        axes[0][1].plot(group["size_bytes"] / 1e6, group["busbw_gbps"], marker="o", label=label)
-    axes[0][0].set(xscale="log", yscale="log", xlabel="tensor size (MB)", ylabel="all-reduce (ms)",
-                   title="Latency")
+        megabytes = group["size_bytes"] / 1e6
+        axes[0][0].plot(megabytes, group["allreduce_ms_median"], marker="o", label=label)
+        axes[0][1].plot(megabytes, group["busbw_gbps"], marker="o", label=label)
+    axes[0][0].set(xscale="log", yscale="log", xlabel="tensor size (MB)",
+                   ylabel="all-reduce (ms)", title="Latency")
     axes[0][1].set(xscale="log", yscale="log", xlabel="tensor size (MB)",
                    ylabel="bus bandwidth (GB/s)", title="Bus bandwidth")
     for ax in axes[0]:
@@ -103,11 +153,10 @@ def ddp_figure(table: pd.DataFrame, path: str | Path) -> None:
     ok = table[table["status"] == "ok"]
     fig, axes = figures.subplots(1, width=7.5)
     ax = axes[0][0]
-    labels = [_label(r) for _, r in ok.iterrows()]
     bottom = np.zeros(len(ok))
     for phase in ("forward", "backward", "communicate", "optimizer"):
-        values = ok[f"{phase}_ms_mean"].fillna(0).to_numpy()
-        ax.bar(labels, values, bottom=bottom, label=phase)
+        values = ok[f"{phase}_ms_mean"].fillna(0).to_numpy(dtype=float)
+        ax.bar(list(ok["label"]), values, bottom=bottom, label=phase)
         bottom += values
     ax.set(ylabel="time per step (ms)", title="Data-parallel step by phase")
     ax.tick_params(axis="x", rotation=30)
@@ -116,231 +165,411 @@ def ddp_figure(table: pd.DataFrame, path: str | Path) -> None:
     figures.save(fig, path)
 
 
-# --- writeup -------------------------------------------------------------------------------
+# --- facts: all-reduce ---------------------------------------------------------------------
 
-def _allreduce_sentences(table: pd.DataFrame) -> list[str]:
+def _allreduce_display(table: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "backend": table["backend"], "world_size": table["world_size"],
+        "size MB": table["size_mb"].map(lambda v: f"{v:g}"), "status": table["status"],
+        "median ms": table["allreduce_ms_median"].map(lambda v: fmt(v, 3)),
+        "algbw GB/s": table["algbw_gbps"].map(lambda v: fmt(v, 2)),
+        "busbw GB/s": table["busbw_gbps"].map(lambda v: fmt(v, 2))})
+
+
+def allreduce_facts(table: pd.DataFrame) -> dict:
+    """Per (backend, world size): the largest size's bus bandwidth and the fitted o and w;
+    NCCL against gloo where both ran; what did not run."""
     ok = table[table["status"] == "ok"]
-    sentences = []
+    runs = []
     for (backend, world), group in ok.groupby(["backend", "world_size"]):
-        fit = fit_latency_bandwidth(group)
         largest = group.loc[group["size_bytes"].idxmax()]
-        text = (f"{backend}, {world} processes: {fmt(largest['busbw_gbps'], 1)} GB/s bus bandwidth "
-                f"at {largest['size_mb']:g} MB ({fmt(largest['allreduce_ms_median'], 3)} ms)")
-        if fit:
-            latency = (f"o = {fmt(fit[0] * 1e3, 0)} us" if fit[0] is not None
-                       else "no positive o (the per-call cost is below what these sizes resolve)")
-            text += (f"; fitting t = o + bytes / w (weighted 1/t) through the sizes gives "
-                     f"{latency} and w = {fmt(fit[1], 1)} GB/s")
-        sentences.append(text + ".")
+        fit = fit_latency_bandwidth(group)
+        runs.append({
+            "backend": backend, "world_size": int(world), "sizes": int(len(group)),
+            "largest_size_mb": float(largest["size_mb"]),
+            "largest_busbw_gbps": _number(largest["busbw_gbps"]),
+            "largest_median_ms": _number(largest["allreduce_ms_median"]),
+            "fit": None if fit is None else {
+                "o_ms": fit[0], "o_us": None if fit[0] is None else fit[0] * 1e3,
+                "w_gbps": fit[1]},
+        })
     both = ok.pivot_table(index=["world_size", "size_mb"], columns="backend",
                           values="allreduce_ms_median")
+    nccl_vs_gloo = None
     if {"gloo", "nccl"} <= set(both.columns):
-        ratio = (both["gloo"] / both["nccl"]).dropna()
+        ratio = (both["gloo"] / both["nccl"]).dropna()  # above 1: NCCL is faster
         if len(ratio):
-            sentences.append(f"NCCL on GPUs is {fmt_ratio(ratio.min())} to {fmt_ratio(ratio.max())} "
-                             f"faster than gloo on CPUs over the {len(ratio)} (size, processes) "
-                             "pairs both ran.")
-    skipped = table[table["status"] == "skipped"]
-    if len(skipped):
-        sentences.append("Skipped: " + "; ".join(
-            f"{r['backend']} x {r['world_size']} at {r['size_mb']:g} MB ({r['message']})"
-            for _, r in skipped.iterrows()) + ".")
-    return sentences
+            low, high = float(ratio.min()), float(ratio.max())
+            nccl_vs_gloo = {
+                "pairs": int(len(ratio)), "ratio_min": low, "ratio_max": high,
+                "word": "faster" if low > 1 else "slower" if high < 1 else "mixed",
+                # the factors of a sentence: "Ax to Bx faster" or "Ax to Bx slower"
+                "factor_min": low if low > 1 else 1 / high,
+                "factor_max": high if low > 1 else 1 / low,
+                # NCCL's time as a fraction of gloo's, for a "mixed" sentence
+                "time_fraction_min": 1 / high, "time_fraction_max": 1 / low}
+    return {
+        "table": to_markdown(_allreduce_display(table)),
+        "runs": runs,
+        "nccl_vs_gloo": nccl_vs_gloo,
+        "not_measured": _not_measured(
+            table, lambda r: f"{r['backend']} x {r['world_size']} at {r['size_mb']:g} MB"),
+        "world_sizes": sorted(int(w) for w in set(ok["world_size"])),
+        "sizes_mb": sorted(float(s) for s in set(ok["size_mb"])),
+    }
 
+
+# --- facts: DDP ----------------------------------------------------------------------------
 
 def _ddp_display(table: pd.DataFrame) -> pd.DataFrame:
-    out = pd.DataFrame({"variant": [_label(r) for _, r in table.iterrows()],
-                        "status": table["status"]})
+    out = pd.DataFrame({"variant": table["label"], "status": table["status"]})
     for phase in DDP_PHASES:
         out[f"{phase} ms"] = [mean_pm_std(m, s) for m, s in
                               zip(table[f"{phase}_ms_mean"], table[f"{phase}_ms_std"])]
     out["collectives busy ms/step"] = [
         fmt(v, 2) if pd.notna(v) else ("n/a" if status == "ok" else "")
         for v, status in zip(table["collective_busy_ms_per_step"], table["status"])]
-    out["trace"] = table["trace_file"].fillna("")
+    out["trace"] = [v if pd.notna(v) else "" for v in table["trace_file"]]
     return out
 
 
-def _ddp_sentences(table: pd.DataFrame) -> list[str]:
-    ok = table[table["status"] == "ok"].copy()
-    if ok.empty:
-        return ["No DDP variant ran."]
-    ok["label"] = [_label(r) for _, r in ok.iterrows()]
-    steps = ok.set_index("label")["step_ms_mean"]
-    first = ok.iloc[0]
-    sentences = [f"Model {first['size']}, context {first['context_length']}, global batch "
-                 f"{first['batch_size']} over {first['world_size']} ranks ({first['backend']})."]
-    if {"naive", "flat"} <= set(steps.index):
-        comm = ok.set_index("label")["communicate_ms_mean"]
-        sentences.append(f"One flattened all-reduce instead of one per parameter: communication "
-                         f"{fmt(comm['naive'], 1)} -> {fmt(comm['flat'], 1)} ms per step, step "
-                         f"{fmt(steps['naive'], 1)} -> {fmt(steps['flat'], 1)} ms.")
-    if "naive" in steps.index:
-        share = ok.set_index("label").loc["naive"]
-        sentences.append(f"The naive step spends {fmt(100 * share['communicate_ms_mean'] / share['step_ms_mean'], 1)}% "
-                         "of its time communicating.")
-    best = steps.idxmin()
-    sentences.append(f"Fastest: {best} at {fmt(steps[best], 1)} ms per step.")
-    if "torch" in steps.index:
-        ours = steps.drop("torch")
-        if len(ours):
-            sentences.append(f"torch's DistributedDataParallel: {fmt(steps['torch'], 1)} ms; our best "
-                             f"({ours.idxmin()}) takes {fmt_ratio(ours.min() / steps['torch'])} its time.")
-    return sentences
+def _step(row: pd.Series, phase: str = "step") -> dict:
+    return {"label": row["label"], "ms": _number(row[f"{phase}_ms_mean"]),
+            "std": _number(row[f"{phase}_ms_std"])}
 
 
-def _overhead_model(ddp: pd.DataFrame, allreduce: pd.DataFrame) -> tuple[str, str]:
-    """Predicted against measured overhead of bucketed DDP, and the optimal bucket size."""
+def _compare(time: dict, reference: dict) -> dict | None:
+    """speedup() of two {ms, std} facts: above 1, `time` is faster than `reference`."""
+    return speedup(time["ms"], reference["ms"], time["std"], reference["std"])
+
+
+def ddp_facts(table: pd.DataFrame) -> dict:
+    ok = table[table["status"] == "ok"]
+    by_label = ok.set_index("label", drop=False)
+    setup = None
+    if len(ok):
+        first = ok.iloc[0]
+        setup = {k: (first[k] if k in ("size", "backend") else int(first[k]))
+                 for k in ("size", "context_length", "batch_size", "world_size", "backend")}
+    variants = [{"label": r["label"], "variant": r["variant"], "status": r["status"],
+                 "step": _step(r), "communicate": _step(r, "communicate"),
+                 "backward": _step(r, "backward"),
+                 "collective_busy_ms": _number(r["collective_busy_ms_per_step"])}
+                for _, r in ok.iterrows()]
+
+    naive_vs_flat = None
+    if {"naive", "flat"} <= set(by_label.index):
+        naive, flat = by_label.loc["naive"], by_label.loc["flat"]
+        naive_vs_flat = {
+            "naive_communicate": _step(naive, "communicate"),
+            "flat_communicate": _step(flat, "communicate"),
+            "naive_step": _step(naive), "flat_step": _step(flat),
+            # above 1: the flat variant is faster
+            "communicate": _compare(_step(flat, "communicate"), _step(naive, "communicate")),
+            "step": _compare(_step(flat), _step(naive))}
+    naive_share = None
+    if "naive" in by_label.index:
+        naive = by_label.loc["naive"]
+        naive_share = {"fraction": naive["communicate_ms_mean"] / naive["step_ms_mean"],
+                       "communicate_ms": naive["communicate_ms_mean"],
+                       "step_ms": naive["step_ms_mean"]}
+
+    overlap = None
+    if "overlap" in by_label.index:
+        row = by_label.loc["overlap"]
+        refs = [ref for ref in ("naive", "flat") if ref in by_label.index]
+        overlap = {"step": _step(row), "communicate": _step(row, "communicate"),
+                   "backward": _step(row, "backward"),
+                   # above 1: the overlapped variant is faster
+                   "vs": {ref: _compare(_step(row), _step(by_label.loc[ref])) for ref in refs},
+                   "reference": None}
+        if refs:  # its backward and exposed communication against naive's (else flat's)
+            ref = by_label.loc[refs[0]]
+            overlap["reference"] = {
+                "label": refs[0], "backward": _step(ref, "backward"),
+                "communicate": _step(ref, "communicate"),
+                "backward_vs": _compare(_step(row, "backward"), _step(ref, "backward"))}
+
+    ranked = ok.dropna(subset=["step_ms_mean"]).sort_values("step_ms_mean")
+    fastest = None
+    if len(ranked):
+        best = _step(ranked.iloc[0])
+        runner_up = _step(ranked.iloc[1]) if len(ranked) > 1 else None
+        fastest = {**best, "runner_up": runner_up,
+                   # above 1 never: how much slower the next variant is than the fastest
+                   "runner_up_vs_fastest": _compare(runner_up, best) if runner_up else None}
+    vs_torch = None
+    ours = ranked[ranked["variant"] != "torch"]
+    if "torch" in by_label.index and len(ours):
+        best, torch_ddp = _step(ours.iloc[0]), _step(by_label.loc["torch"])
+        vs_torch = {"ours": best, "torch": torch_ddp, "speedup": _compare(best, torch_ddp)}
+
+    busy_missing = [r["label"] for _, r in ok.iterrows()
+                    if pd.isna(r["collective_busy_ms_per_step"])]
+    return {
+        "table": to_markdown(_ddp_display(table)),
+        "setup": setup,
+        "variants": variants,
+        "naive_vs_flat": naive_vs_flat,
+        "naive_communication_share": naive_share,
+        "overlap": overlap,
+        "fastest": fastest,
+        "vs_torch": vs_torch,
+        "collective_busy_missing": busy_missing,
+        "traces": [r["trace_file"] for _, r in ok.iterrows() if pd.notna(r["trace_file"])],
+        "not_measured": _not_measured(table, lambda r: r["label"]),
+    }
+
+
+def overhead_facts(ddp: pd.DataFrame, allreduce: pd.DataFrame) -> dict:
+    """Predicted against measured overhead of bucketed DDP, and the optimal bucket size.
+
+    Measured overhead: the bucketed step time minus the naive step's compute phases (forward,
+    backward, optimizer). Predicted: s / (n_b w) + n_b o, with o and w fitted to the all-reduce
+    records of the same backend and world size."""
     ok = ddp[ddp["status"] == "ok"]
     bucketed = ok[ok["variant"] == "bucketed"]
     naive = ok[ok["variant"] == "naive"]
     if bucketed.empty or naive.empty:
-        return "_(needs the naive and bucketed DDP records)_", ""
-    world, backend = int(bucketed.iloc[0]["world_size"]), bucketed.iloc[0]["backend"]
+        return {"available": False, "needs": "the naive and bucketed DDP records",
+                "table": "_(needs the naive and bucketed DDP records)_"}
+    world, backend = int(bucketed.iloc[0]["world_size"]), str(bucketed.iloc[0]["backend"])
     fit = fit_latency_bandwidth(allreduce[(allreduce["status"] == "ok")
                                           & (allreduce["backend"] == backend)
                                           & (allreduce["world_size"] == world)])
     if fit is None or fit[0] is None:
-        return (f"_(needs {backend} all-reduce records at two or more sizes for {world} "
-                "processes, with a resolvable per-call cost o)_", "")
+        needs = (f"{backend} all-reduce records at two or more sizes for {world} processes, "
+                 "with a resolvable per-call cost o")
+        return {"available": False, "needs": needs, "table": f"_(needs {needs})_"}
     o_ms, w_gbps = fit
     s_bytes = float(bucketed.iloc[0]["gradient_bytes"])
     n = naive.iloc[0]
-    compute_ms = n["forward_ms_mean"] + n["backward_ms_mean"] + n["optimizer_ms_mean"]
-    rows, gaps = [], []
+    compute_ms = float(n["forward_ms_mean"] + n["backward_ms_mean"] + n["optimizer_ms_mean"])
+    rows = []
     for _, r in bucketed.iterrows():
         n_b = int(r["buckets"])
-        predicted = s_bytes / n_b / (w_gbps * 1e6) + n_b * o_ms
-        gaps.append(r["step_ms_mean"] - compute_ms - predicted)
-        rows.append({"bucket MiB": f"{r['bucket_size_mb']:g}", "buckets n_b": n_b,
-                     "predicted overhead ms": fmt(predicted, 2),
-                     "measured overhead ms": fmt(r["step_ms_mean"] - compute_ms, 2)})
-    slowdown = bucketed["backward_ms_mean"] - n["backward_ms_mean"]
+        predicted = overhead_ms(s_bytes, n_b, o_ms, w_gbps)
+        measured = float(r["step_ms_mean"]) - compute_ms
+        rows.append({"bucket_mib": float(r["bucket_size_mb"]), "buckets": n_b,
+                     "predicted_ms": predicted, "measured_ms": measured,
+                     "gap_ms": measured - predicted,
+                     "backward_slowdown_ms": float(r["backward_ms_mean"])
+                     - float(n["backward_ms_mean"])})
     b_star = math.sqrt(s_bytes * w_gbps * 1e6 * o_ms)  # bytes
-    sentences = [
-        f"With s = {fmt(s_bytes / 2**20, 1)} MiB of gradients, and o = {fmt(o_ms * 1e3, 0)} us and "
-        f"w = {fmt(w_gbps, 1)} GB/s fitted to the {backend} all-reduce records for {world} "
-        f"processes, the model predicts the overhead in the table; the measured overhead is the "
-        f"bucketed step time minus the naive step's compute phases ({fmt(compute_ms, 1)} ms).",
-        f"Optimal bucket size b* = sqrt(s w o) = {fmt(b_star / 2**20, 1)} MiB "
-        f"(n_b* = sqrt(s / (w o)) = {fmt(s_bytes / b_star, 1)} buckets).",
-        f"The model leaves out that communicating during backward slows backward itself: the "
-        f"bucketed backward phase takes {fmt(slowdown.min(), 1)} to {fmt(slowdown.max(), 1)} ms "
-        f"longer than the naive one ({fmt(n['backward_ms_mean'], 1)} ms), against a measured-minus-"
-        f"predicted gap of {fmt(min(gaps), 1)} to {fmt(max(gaps), 1)} ms.",
-    ]
-    return to_markdown(pd.DataFrame(rows)), bullets(sentences)
+    display = pd.DataFrame({
+        "bucket MiB": [f"{r['bucket_mib']:g}" for r in rows],
+        "buckets n_b": [r["buckets"] for r in rows],
+        "predicted overhead ms": [fmt(r["predicted_ms"], 2) for r in rows],
+        "measured overhead ms": [fmt(r["measured_ms"], 2) for r in rows]})
+    gaps = [r["gap_ms"] for r in rows]
+    slowdowns = [r["backward_slowdown_ms"] for r in rows]
+    return {
+        "available": True, "needs": "",
+        "table": to_markdown(display),
+        "rows": rows,
+        "backend": backend, "world_size": world,
+        "o_ms": o_ms, "o_us": o_ms * 1e3, "w_gbps": w_gbps,
+        "s_bytes": s_bytes, "s_mib": s_bytes / MIB,
+        "compute_ms": compute_ms, "naive_backward_ms": float(n["backward_ms_mean"]),
+        "b_star_bytes": b_star, "b_star_mib": b_star / MIB, "n_b_star": s_bytes / b_star,
+        "backward_slowdown_min_ms": min(slowdowns), "backward_slowdown_max_ms": max(slowdowns),
+        "gap_min_ms": min(gaps), "gap_max_ms": max(gaps),
+    }
 
 
-def _sharded(table: pd.DataFrame) -> tuple[str, str]:
-    if table.empty:
-        return "_(no records)_", ""
-    rows = []
-    for _, r in table.iterrows():
-        rows.append({"optimizer": "sharded" if r["sharded"] else "replicated", "status": r["status"],
-                     "after init GiB": fmt(r["allocated_gib_after_init"], 2),
-                     "before step GiB": fmt(r["allocated_gib_before_step"], 2),
-                     "after step GiB": fmt(r["allocated_gib_after_step"], 2),
-                     "peak GiB": fmt(r["peak_gib"], 2),
-                     "params GiB": fmt(r["parameter_gib"], 2),
-                     "grads GiB": fmt(r["gradient_gib"], 2),
-                     "optimizer state GiB (this rank)": fmt(r["optimizer_state_gib"], 2),
-                     "step ms": mean_pm_std(r["step_ms_mean"], r["step_ms_std"]),
-                     "optimizer ms": mean_pm_std(r["optimizer_ms_mean"], r["optimizer_ms_std"])})
-    sentences = []
+# --- facts: sharding -----------------------------------------------------------------------
+
+def _sharded_display(table: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "optimizer": "sharded" if r["sharded"] else "replicated", "status": r["status"],
+        "after init GiB": fmt(r["allocated_gib_after_init"], 2),
+        "before step GiB": fmt(r["allocated_gib_before_step"], 2),
+        "after step GiB": fmt(r["allocated_gib_after_step"], 2),
+        "peak GiB": fmt(r["peak_gib"], 2),
+        "params GiB": fmt(r["parameter_gib"], 2),
+        "grads GiB": fmt(r["gradient_gib"], 2),
+        "optimizer state GiB (this rank)": fmt(r["optimizer_state_gib"], 2),
+        "step ms": mean_pm_std(r["step_ms_mean"], r["step_ms_std"]),
+        "optimizer ms": mean_pm_std(r["optimizer_ms_mean"], r["optimizer_ms_std"]),
+    } for _, r in table.iterrows()])
+
+
+def _memory(row: pd.Series) -> dict:
+    """Rank 0's memory readings and the peak's breakdown: parameters + gradients + optimizer
+    state + the flat all-reduce's copy of the gradients (it holds a second copy of every
+    gradient while it runs) + everything else (activations are freed by then; allocator
+    rounding). The readings are None on a CPU (no allocator statistics)."""
+    terms = {"parameters_gib": _number(row["parameter_gib"]),
+             "gradients_gib": _number(row["gradient_gib"]),
+             "optimizer_state_gib": _number(row["optimizer_state_gib"]),
+             "allreduce_copy_gib": _number(row["gradient_gib"])}
+    peak = _number(row["peak_gib"])
+    known = sum(terms.values()) if None not in terms.values() else None
+    return {"after_init_gib": _number(row["allocated_gib_after_init"]),
+            "before_step_gib": _number(row["allocated_gib_before_step"]),
+            "after_step_gib": _number(row["allocated_gib_after_step"]),
+            "peak_gib": peak, **terms,
+            "other_gib": peak - known if peak is not None and known is not None else None}
+
+
+def sharded_facts(table: pd.DataFrame) -> dict:
+    facts = {"table": to_markdown(_sharded_display(table)) if len(table) else "_(no records)_",
+             "available": False,
+             "not_measured": _not_measured(
+                 table, lambda r: "sharded" if r["sharded"] else "replicated")}
     ok = table[table["status"] == "ok"].set_index("sharded")
-    if {True, False} <= set(ok.index):
-        s, rep = ok.loc[True], ok.loc[False]
-        sentences.append(f"Optimizer state on rank 0: {fmt(rep['optimizer_state_gib'], 2)} GiB "
-                         f"replicated, {fmt(s['optimizer_state_gib'], 2)} GiB sharded "
-                         f"({fmt(100 * s['optimizer_state_gib'] / rep['optimizer_state_gib'], 0)}%).")
-        if pd.notna(rep["peak_gib"]) and pd.notna(s["peak_gib"]):
-            # the flat all-reduce holds a second copy of every gradient while it runs
-            known = (rep["parameter_gib"] + 2 * rep["gradient_gib"] + rep["optimizer_state_gib"])
-            sentences.append(f"Peak memory {fmt(rep['peak_gib'], 2)} -> {fmt(s['peak_gib'], 2)} GiB. "
-                             f"The replicated peak is parameters + gradients + optimizer state + "
-                             f"the flat all-reduce's copy of the gradients = "
-                             f"{fmt(rep['parameter_gib'], 2)} + {fmt(rep['gradient_gib'], 2)} + "
-                             f"{fmt(rep['optimizer_state_gib'], 2)} + {fmt(rep['gradient_gib'], 2)} "
-                             f"GiB, plus {fmt(rep['peak_gib'] - known, 2)} GiB of everything else "
-                             f"(activations are freed by then, allocator rounding).")
-        sentences.append(f"Step time {fmt(rep['step_ms_mean'], 1)} ms replicated, "
-                         f"{fmt(s['step_ms_mean'], 1)} ms sharded; the optimizer phase "
-                         f"{fmt(rep['optimizer_ms_mean'], 1)} -> {fmt(s['optimizer_ms_mean'], 1)} ms "
-                         f"(each rank updates about 1/{int(s['world_size'])} of the parameters, then "
-                         "every parameter is broadcast from its owner).")
-    return to_markdown(pd.DataFrame(rows)), bullets(sentences)
+    if not {True, False} <= set(ok.index):
+        return facts
+    sharded, replicated = ok.loc[True], ok.loc[False]
+    state = {"replicated_gib": float(replicated["optimizer_state_gib"]),
+             "sharded_gib": float(sharded["optimizer_state_gib"])}
+    state["fraction"] = state["sharded_gib"] / state["replicated_gib"]
+    times = {}
+    for phase in ("step", "optimizer"):
+        both = {name: {"ms": _number(row[f"{phase}_ms_mean"]),
+                       "std": _number(row[f"{phase}_ms_std"])}
+                for name, row in (("replicated", replicated), ("sharded", sharded))}
+        # above 1: the sharded run is faster
+        times[phase] = {**both, "speedup": _compare(both["sharded"], both["replicated"])}
+    memory = {"replicated": _memory(replicated), "sharded": _memory(sharded)}
+    return {**facts, "available": True, "world_size": int(sharded["world_size"]),
+            "state": state, "memory": memory,
+            "has_memory_readings": memory["replicated"]["peak_gib"] is not None
+            and memory["sharded"]["peak_gib"] is not None,
+            **times}
 
 
-def _accounting(table: pd.DataFrame) -> str:
+# --- facts: communication accounting -------------------------------------------------------
+
+def accounting_facts(table: pd.DataFrame) -> dict | None:
+    """The record's inputs and answers (None without an `ok` record)."""
     if table.empty or table.iloc[0]["status"] != "ok":
-        return "_(no communication_accounting record)_"
+        return None
     r = table.iloc[0]
-    return bullets([
-        f"(a) {r['parameters']:.4g} parameters: fp32 master weights {fmt(r['master_weights_gb'], 1)} GB, "
-        f"accumulated gradients {fmt(r['gradients_gb'], 1)} GB, AdamW state {fmt(r['optimizer_state_gb'], 1)} GB, "
-        f"{fmt(r['fp32_state_gb'], 1)} GB in all, the memory of {fmt(r['h100s_for_fp32_state'], 1)} "
-        f"{fmt(r['gpu_memory_gb'], 0)} GB H100s. Activations saved for backward (bf16 inputs of both "
-        f"linears per block): {fmt(r['activation_mb_per_token'], 2)} MB per token.",
-        f"(b) Sharding state and half the activations over N devices: "
-        f"{fmt(r['fp32_state_gb'], 1)} GB / N + A / (2N) + A / 2 per device, A the activation memory; "
-        f"the state alone fits a {fmt(r['tpu_memory_gb'], 0)} GB TPU v5p from N = {int(r['fsdp_degree_to_fit_tpu'])}.",
-        f"(c) C / W_ici = {fmt(r['flops_per_ici_byte'], 0)} FLOPs per byte; with M_X = "
-        f"{int(r['mesh_multiplicity_x'])}, X = {int(r['fsdp_degree_x'])}, Y = {int(r['tp_degree_y'])}, the "
-        f"forward pass is compute bound from a per-device batch of {fmt(r['compute_bound_per_device_batch'], 1)} "
-        f"tokens, an overall batch of {fmt(r['compute_bound_overall_batch'], 0)} tokens over "
-        f"{int(r['devices'])} devices (and Y stays under F W M_Y / C = {fmt(r['max_tp_degree_compute_bound'], 1)}).",
-    ])
+    facts = {key: _number(r[key]) for key in ACCOUNTING_INPUTS + ACCOUNTING_METRICS}
+    for key in ("mesh_multiplicity_x", "fsdp_degree_x", "tp_degree_y", "fsdp_degree_to_fit_tpu",
+                "devices", "parameters"):
+        facts[key] = int(facts[key]) if facts[key] is not None else None
+    facts["parameters_billions"] = (facts["parameters"] / 1e9 if facts["parameters"] is not None
+                                    else None)
+    return facts
 
 
-def render(allreduce: pd.DataFrame, ddp: pd.DataFrame, sharded: pd.DataFrame,
-           accounting: pd.DataFrame, allreduce_figure_path: str, ddp_figure_path: str,
-           writeup_path: str) -> str:
-    display = allreduce.assign(
-        **{"size MB": allreduce["size_mb"].map(lambda v: f"{v:g}"),
-           "median ms": allreduce["allreduce_ms_median"].map(lambda v: fmt(v, 3)),
-           "algbw GB/s": allreduce["algbw_gbps"].map(lambda v: fmt(v, 2)),
-           "busbw GB/s": allreduce["busbw_gbps"].map(lambda v: fmt(v, 2))}
-    )[["backend", "world_size", "size MB", "status", "median ms", "algbw GB/s", "busbw GB/s"]]
-    overhead_table, overhead_sentences = _overhead_model(ddp, allreduce)
-    sharded_table_md, sharded_sentences = _sharded(sharded)
-    return render_template(
-        "distributed.md",
-        allreduce_table=to_markdown(display),
-        allreduce_findings=bullets(_allreduce_sentences(allreduce)),
-        allreduce_figure=relative_link(allreduce_figure_path, writeup_path),
-        ddp_table=to_markdown(_ddp_display(ddp)),
-        ddp_findings=bullets(_ddp_sentences(ddp)),
-        ddp_figure=relative_link(ddp_figure_path, writeup_path),
-        trace_dir=relative_link(Path(allreduce_figure_path).parent.parent / "ddp", writeup_path),
-        overhead_table=overhead_table,
-        overhead_findings=overhead_sentences,
-        sharded_table=sharded_table_md,
-        sharded_findings=sharded_sentences,
-        accounting=_accounting(accounting),
-    )
+# --- coverage ------------------------------------------------------------------------------
+
+def _setup_gap(rows: pd.DataFrame) -> str:
+    """How the runs' setup differs from the assignment's (xl on 2 GPUs, nccl), or ''."""
+    ok = rows[rows["status"] == "ok"]
+    if ok.empty:
+        return ""
+    first = ok.iloc[0]
+    if all(first[k] == v for k, v in ASSIGNMENT_DDP_SETUP.items()):
+        return ""
+    return (f"measured with the {first['size']} model on {int(first['world_size'])} ranks "
+            f"({first['backend']}), not xl on 2 GPUs")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name in ("allreduce-records", "ddp-records", "sharded-records"):
-        parser.add_argument(f"--{name}", nargs="+", required=True)
-    parser.add_argument("--accounting-record", required=True)
-    for name in ("allreduce-csv", "ddp-csv", "sharded-csv", "accounting-csv",
-                 "allreduce-figure", "ddp-figure"):
-        parser.add_argument(f"--{name}", required=True)
-    args = parser.parse_args(argv)
-    allreduce = allreduce_table(args.allreduce_records)
-    ddp = ddp_table(args.ddp_records)
-    write_table(allreduce, args.allreduce_csv)
-    write_table(ddp, args.ddp_csv)
-    write_table(sharded_table(args.sharded_records), args.sharded_csv)
-    accounting = records_frame([args.accounting_record])
-    write_table(accounting, args.accounting_csv)
-    allreduce_figure(allreduce, args.allreduce_figure)
-    ddp_figure(ddp, args.ddp_figure)
+def _missing_values(asked, measured, sentence: str) -> str:
+    """`sentence` (with {} for the values) naming what the assignment asks and no run
+    measured, or ''."""
+    absent = [v for v in asked if v not in set(measured)]
+    return sentence.format(_sizes(absent)) if absent else ""
 
 
-if __name__ == "__main__":
-    main()
+def _notes(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def coverage(allreduce: pd.DataFrame, ddp: pd.DataFrame, sharded: pd.DataFrame,
+             accounting: pd.DataFrame, ddp_facts_: dict, overhead: dict,
+             sharded_facts_: dict) -> dict:
+    ok_allreduce = allreduce[allreduce["status"] == "ok"]
+    variant = {name: ddp[ddp["variant"] == name] for name in DDP_VARIANTS}
+    naive_flat = ddp[ddp["variant"].isin(["naive", "flat"])]
+    ok_bucketed = variant["bucketed"][variant["bucketed"]["status"] == "ok"]
+    overlap_ok = variant["overlap"][variant["overlap"]["status"] == "ok"]
+    busy = ddp_facts_["collective_busy_missing"]
+    overlap_setup = ddp[ddp["variant"].isin(["naive", "flat", "overlap"])]
+    return {
+        "distributed_communication_single_node": covered(
+            allreduce, anchor="distributed_communication_single_node", missing=_notes(
+                _missing_values(ASSIGNMENT_WORLD_SIZES, ok_allreduce["world_size"],
+                                "no runs with {} processes in this preset"),
+                _missing_values(ASSIGNMENT_SIZES_MB, ok_allreduce["size_mb"],
+                                "no {} MB tensors in this preset"))),
+        "naive_ddp": covered(
+            variant["naive"], anchor="naive_ddp",
+            missing="that its training matches single-process training is checked by the "
+                    "test-suite (tests/test_distributed_training.py) but not reported in this "
+                    "writeup"),
+        "naive_ddp_benchmarking": covered(variant["naive"], anchor="naive_ddp_benchmarking",
+                                          missing=_setup_gap(variant["naive"])),
+        "minimal_ddp_flat_benchmarking": covered(naive_flat,
+                                                 anchor="minimal_ddp_flat_benchmarking",
+                                                 missing=_setup_gap(naive_flat)),
+        "ddp_overlap_individual_parameters": covered(
+            variant["overlap"], anchor="ddp_overlap_individual_parameters"),
+        "ddp_overlap_individual_parameters_benchmarking": covered(
+            overlap_setup, anchor="ddp_overlap_individual_parameters_benchmarking",
+            missing=_notes(
+                _setup_gap(overlap_setup),
+                f"collective busy time is n/a for {len(busy)} of "
+                f"{int((ddp['status'] == 'ok').sum())} runs (their records predate it)"
+                if busy else "",
+                "no profiler trace of the overlap variant"
+                if len(overlap_ok) and overlap_ok["trace_file"].isna().all() else "")),
+        "ddp_overlap_bucketed": covered(variant["bucketed"], anchor="ddp_overlap_bucketed"),
+        "ddp_bucketed_benchmarking": covered(
+            variant["bucketed"], anchor="ddp_bucketed_benchmarking", missing=_notes(
+                _setup_gap(variant["bucketed"]),
+                _missing_values(ASSIGNMENT_BUCKET_SIZES_MB, ok_bucketed["bucket_size_mb"],
+                                "no {} MiB buckets in this preset"),
+                "" if overhead["available"]
+                else f"the overhead model is not checked: it needs {overhead['needs']}")),
+        "communication_accounting": covered(accounting, anchor="communication_accounting"),
+        "optimizer_state_sharding": covered(sharded[sharded["sharded"] == True],  # noqa: E712
+                                            anchor="optimizer_state_sharding"),
+        "optimizer_state_sharding_accounting": covered(
+            sharded, anchor="optimizer_state_sharding_accounting", missing=_notes(
+                _setup_gap(sharded),
+                "" if sharded_facts_["available"]
+                else "needs both the sharded and the replicated run to compare",
+                "no allocator readings (after init, before and after the step, peak) on a "
+                "CPU: only the breakdown from the tensors"
+                if sharded_facts_["available"] and not sharded_facts_["has_memory_readings"]
+                else "")),
+    }
+
+
+# --- the section ---------------------------------------------------------------------------
+
+def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:
+    """Tables and figures at `outputs`; returns the section's facts."""
+    allreduce = allreduce_table(records["allreduce"])
+    ddp = ddp_table(records["ddp"])
+    sharded = sharded_table(records["sharded"])
+    accounting = accounting_table(records["accounting"])
+    write_table(allreduce, outputs["allreduce_table"])
+    write_table(ddp, outputs["ddp_table"])
+    write_table(sharded, outputs["sharded_table"])
+    write_table(accounting, outputs["accounting_table"])
+    allreduce_figure(allreduce, outputs["allreduce_figure"])
+    ddp_figure(ddp, outputs["ddp_figure"])
+
+    ddp_f = ddp_facts(ddp)
+    overhead = overhead_facts(ddp, allreduce)
+    sharded_f = sharded_facts(sharded)
+    # The accounting is arithmetic on the CPU: its device would only blur the header.
+    accounting_env = accounting.drop(columns=["env_device", "env_gpu"], errors="ignore")
+    return jsonable({
+        "env": env_summary(allreduce, ddp, sharded, accounting_env),
+        "coverage": coverage(allreduce, ddp, sharded, accounting, ddp_f, overhead, sharded_f),
+        "allreduce": allreduce_facts(allreduce),
+        "ddp": ddp_f,
+        "overhead": overhead,
+        "sharded": sharded_f,
+        "accounting": accounting_facts(accounting),
+        "figures": {"allreduce": outputs["allreduce_figure"], "ddp": outputs["ddp_figure"]},
+        # rank 0's profiler traces lie beside the DDP records
+        "trace_dir": str(Path(records["ddp"][0]).parent) if records["ddp"] else None,
+    })

@@ -1,33 +1,52 @@
-"""flash_benchmarking (§3.4-3.5): tables, figures and writeup section from the flash records.
+"""FlashAttention-2 (assignment §4): the flash_benchmarking and leaderboard tables, figures and
+facts, from the records of `cs336_systems.experiments.flash`.
 
-    python -m cs336_systems.report.sections.flash --records ... --leaderboard-records ... \
-        --csv flash.csv --markdown flash.md --leaderboard-csv board.csv \
-        --latency-figure a.png --speedup-figure b.png
+`build` is the section's entry point (`cs336_systems.jobs.section_tables`); its facts are
+rendered by `templates/flash.md.j2`. Speed-ups are ratios of do_bench medians (one number per
+cell, no spread), so no fact claims a difference is beyond noise.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pandas as pd
 
+from cs336_systems.attention import attention_label
 from cs336_systems.report import figures
-from cs336_systems.report.render import bullets, fmt, fmt_ratio, relative_link, render_template
-from cs336_systems.report.tables import ensure_columns, records_frame, to_markdown, write_table
+from cs336_systems.report.facts import covered, jsonable, speedup
+from cs336_systems.report.render import fmt
+from cs336_systems.report.tables import (ensure_columns, env_summary, records_frame,
+                                         to_markdown, write_table)
 
 PASSES = ["forward", "backward", "forward_backward"]
 CONFIG_COLUMNS = ["impl", "seq", "d", "dtype", "batch_size", "causal", "compile"]
-METRIC_COLUMNS = ([f"{p}_ms" for p in PASSES] + [f"{p}_status" for p in PASSES] + ["peak_gib"])
-IMPL_ORDER = ["triton", "flash-pytorch", "sdpa", "pytorch"]
-IMPL_LABEL = {"triton": "Triton FA2", "flash-pytorch": "PyTorch FA2 (tiled)",
-              "sdpa": "torch SDPA", "pytorch": "plain PyTorch"}
-# Given by the assignment (its leaderboard, H100), for context; not measured here.
+METRIC_COLUMNS = [f"{p}_ms" for p in PASSES] + [f"{p}_status" for p in PASSES] + ["peak_gib"]
+SHAPE_KEYS = ["d", "dtype", "seq"]
+# Display order; the speed-ups are of FLASH over each REFERENCES implementation.
+IMPL_ORDER = ["flash-triton", "flash-pytorch", "sdpa", "eager"]
+FLASH = "flash-triton"
+REFERENCES = ("eager", "sdpa")
+# Cells faster than this (forward+backward, ms) are dominated by launch and Python overhead.
+LAUNCH_BOUND_MS = 0.2
+
+# Given by the assignment, quoted for context and never measured here: its flash_benchmarking
+# sweep, its leaderboard case and the class's best leaderboard entry (on an H100).
+ASSIGNMENT_SEQ_LENGTHS = tuple(2 ** i for i in range(7, 17))  # 128 ... 65536
+ASSIGNMENT_D_HEADS = (16, 32, 64, 128)
+ASSIGNMENT_DTYPES = ("bf16", "fp32")
+ASSIGNMENT_LEADERBOARD = {"batch_size": 16, "seq": 16384, "d": 64, "dtype": "bf16",
+                          "causal": True, "compile": True}
 CLASS_BEST_H100_MS = 5.364
 
 
+# --- tables and figures ----------------------------------------------------------------------
+
 def build_table(record_paths: list[str]) -> pd.DataFrame:
-    frame = ensure_columns(records_frame(record_paths), CONFIG_COLUMNS + METRIC_COLUMNS)
+    """One row per record; each pass has a time or a status of its own (`ok`, `oom`, or the
+    record's status where the whole configuration did not run)."""
+    frame = ensure_columns(records_frame(record_paths),
+                           CONFIG_COLUMNS + ["status", "message"] + METRIC_COLUMNS)
     for p in PASSES:  # a pass with no time and no status of its own shares the record's
         frame[f"{p}_status"] = frame[f"{p}_status"].astype(object)
         missing = frame[f"{p}_ms"].isna() & frame[f"{p}_status"].isna()
@@ -49,27 +68,36 @@ def _cell(row: pd.Series) -> str:
 
 
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per (d, dtype, seq), one column per implementation."""
+    """One row per (d, dtype, seq), one column per implementation (blank: no record)."""
     rows = []
-    for (d, dtype, seq), group in table.groupby(["d", "dtype", "seq"], sort=True):
+    for (d, dtype, seq), group in table.groupby(SHAPE_KEYS, sort=True):
         row = {"d": d, "dtype": dtype, "seq": seq}
         for _, r in group.iterrows():
-            row[f"{IMPL_LABEL.get(r['impl'], r['impl'])} ms"] = _cell(r)
+            row[f"{attention_label(r['impl'])} ms"] = _cell(r)
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).fillna("")
 
 
-def speedups(table: pd.DataFrame, over: str, of: str = "triton",
+def leaderboard_display(board: pd.DataFrame) -> pd.DataFrame:
+    """One row per implementation: status and the three pass times in ms."""
+    return pd.DataFrame({
+        "implementation": board["impl"].map(attention_label),
+        "status": board["status"],
+        **{f"{p.replace('_', '+')} ms": board[f"{p}_ms"].map(lambda v: fmt(v, 3))
+           for p in PASSES},
+    })
+
+
+def speedups(table: pd.DataFrame, over: str, of: str = FLASH,
              metric: str = "forward_backward_ms") -> pd.DataFrame:
-    """time(over) / time(of) per (d, dtype, seq) where both ran."""
-    keys = ["d", "dtype", "seq"]
-    a = table[table["impl"] == of].set_index(keys)[metric]
-    b = table[table["impl"] == over].set_index(keys)[metric]
+    """time(over) / time(of) per (d, dtype, seq) where both ran: above 1, `of` is faster."""
+    a = table[table["impl"] == of].set_index(SHAPE_KEYS)[metric]
+    b = table[table["impl"] == over].set_index(SHAPE_KEYS)[metric]
     return (b / a).dropna().rename("speedup").reset_index()
 
 
 def latency_figure(table: pd.DataFrame, path: str | Path) -> None:
-    ds = sorted(table["d"].unique())
+    ds = sorted(table["d"].dropna().unique())
     fig, axes = figures.subplots(max(len(ds), 1), width=4.2)
     for ax, d in zip(axes[0], ds):
         for (impl, dtype), group in table[table["d"] == d].groupby(["impl", "dtype"]):
@@ -77,157 +105,226 @@ def latency_figure(table: pd.DataFrame, path: str | Path) -> None:
             if len(group):
                 ax.plot(group["seq"], group["forward_backward_ms"], marker="o",
                         linestyle="-" if dtype == "bf16" else "--",
-                        label=f"{IMPL_LABEL.get(impl, impl)}, {dtype}")
-        ax.set(xscale="log", yscale="log", xlabel="sequence length",
-               ylabel="forward+backward (ms)", title=f"d = {d}")
+                        label=f"{attention_label(impl)}, {dtype}")
+        ax.set(yscale="log", xlabel="sequence length", ylabel="forward+backward (ms)",
+               title=f"d = {d}")
         ax.set_xscale("log", base=2)
-        ax.legend(fontsize=6)
+        if ax.lines:
+            ax.legend(fontsize=6)
     figures.save(fig, path)
 
 
 def speedup_figure(table: pd.DataFrame, path: str | Path) -> None:
     fig, axes = figures.subplots(1, width=8.0)
     ax = axes[0][0]
-    for over in ("pytorch", "sdpa"):
+    for over in REFERENCES:
         s = speedups(table, over=over)
         for (d, dtype), group in s.groupby(["d", "dtype"]):
+            group = group.sort_values("seq")
             ax.plot(group["seq"], group["speedup"], marker="o",
-                    linestyle="-" if over == "pytorch" else ":",
-                    label=f"over {IMPL_LABEL[over]}, d={d}, {dtype}")
+                    linestyle="-" if over == "eager" else ":",
+                    label=f"over {attention_label(over)}, d={d}, {dtype}")
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set(xlabel="sequence length", ylabel="speed-up of Triton FA2 (forward+backward)",
-           title="Triton FlashAttention-2 speed-up")
+    ax.set(xlabel="sequence length",
+           ylabel=f"speed-up of {attention_label(FLASH)} (forward+backward)",
+           title=f"{attention_label(FLASH)} speed-up")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    if ax.lines:
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
     figures.save(fig, path)
 
 
-# --- writeup -------------------------------------------------------------------------------
+# --- facts -----------------------------------------------------------------------------------
 
-def _speedup_sentence(table: pd.DataFrame, over: str) -> str:
+def _where(row: pd.Series) -> dict:
+    return {"seq": int(row["seq"]), "d": int(row["d"]), "dtype": str(row["dtype"])}
+
+
+def _verdict(ratio: float) -> dict | None:
+    """A speed-up ratio (reference time / our time) described as `facts.speedup` describes
+    one: factor, "faster"/"slower", and no spread (medians only)."""
+    return speedup(1.0, ratio)
+
+
+def speedup_summary(table: pd.DataFrame, over: str) -> dict | None:
+    """Forward+backward speed-up of FLASH over `over` across the shapes where both ran:
+    median, extremes and where they occur, how many shapes FLASH wins."""
     s = speedups(table, over=over)
     if s.empty:
-        return ""
+        return None
     best = s.loc[s["speedup"].idxmax()]
     worst = s.loc[s["speedup"].idxmin()]
-    where = lambda r: f"seq {r['seq']}, d {r['d']}, {r['dtype']}"  # noqa: E731
-    return (f"Speed-up of Triton FA2 over {IMPL_LABEL[over]} (its forward+backward time / "
-            f"Triton's; under 1x Triton is slower): median {fmt_ratio(s['speedup'].median())} over "
-            f"{len(s)} shapes where both ran, from {fmt_ratio(worst['speedup'])} ({where(worst)}) "
-            f"to {fmt_ratio(best['speedup'])} ({where(best)}).")
+    median = float(s["speedup"].median())
+    return {"impl": over, "label": attention_label(over), "shapes": len(s),
+            "median": median, "median_verdict": _verdict(median),
+            "min": float(worst["speedup"]), "min_at": _where(worst),
+            "max": float(best["speedup"]), "max_at": _where(best),
+            "faster_shapes": int((s["speedup"] > 1).sum())}
 
 
-def _pass_sentence(table: pd.DataFrame) -> str:
-    parts = []
-    for p in ("forward", "backward"):
-        s = speedups(table, over="pytorch", metric=f"{p}_ms")
-        if len(s):
-            parts.append(f"{p} {fmt_ratio(s['speedup'].median())}")
-    return ("Median speed-up over plain PyTorch by pass: " + ", ".join(parts) + ".") if parts else ""
+def pass_speedups(table: pd.DataFrame, over: str) -> dict:
+    """Median speed-up of FLASH over `over` per pass (None where no shape has both times)."""
+    medians = {}
+    for p in PASSES:
+        s = speedups(table, over=over, metric=f"{p}_ms")
+        medians[p] = float(s["speedup"].median()) if len(s) else None
+    return {"impl": over, "label": attention_label(over), "medians": medians,
+            "any": any(m is not None for m in medians.values())}
 
 
-LAUNCH_BOUND_MS = 0.2
-
-
-def _launch_bound_sentence(table: pd.DataFrame) -> str:
-    timed = table.dropna(subset=["forward_backward_ms"])
-    small = timed[timed["forward_backward_ms"] < LAUNCH_BOUND_MS]
-    if small.empty:
+def _reason(message, status: str) -> str:
+    """One line of a record's message: the first (a skip's or oom's reason) or, for an error's
+    traceback, the last (the exception)."""
+    lines = [line for line in str(message or "").splitlines() if line.strip()]
+    if not lines:
         return ""
-    return (f"{len(small)} of {len(timed)} measured cells take under {LAUNCH_BOUND_MS} ms for "
-            "forward+backward, where kernel-launch and Python overhead, not the attention "
-            "itself, set the time; the speed-ups above include them.")
+    return (lines[-1] if status == "error" else lines[0]).strip()
 
 
-def _memory_sentence(table: pd.DataFrame) -> str:
-    parts = []
-    for (impl, d, dtype), group in table.groupby(["impl", "d", "dtype"]):
-        failed = group[group["forward_backward_status"] == "oom"]
-        if len(failed):
-            parts.append(f"{IMPL_LABEL.get(impl, impl)} (d {d}, {dtype}) from seq {failed['seq'].min()}")
-    if not parts:
-        return "No configuration ran out of memory."
-    return "Forward+backward ran out of memory for " + "; ".join(parts) + "."
+def _status_facts(table: pd.DataFrame, status: str) -> dict:
+    rows = table[table["status"] == status]
+    return {"count": len(rows),
+            "reasons": sorted({_reason(m, status) for m in rows["message"]} - {""})}
 
 
-def _leaderboard(board: pd.DataFrame) -> tuple[str, str]:
+def oom_facts(table: pd.DataFrame) -> list[dict]:
+    """Per (implementation, d, dtype) with any pass out of memory: the shortest such sequence
+    and which passes ran out."""
+    out = []
+    any_oom = pd.concat([table[f"{p}_status"] == "oom" for p in PASSES], axis=1).any(axis=1)
+    oom = table[any_oom]
+    for (impl, d, dtype), group in oom.groupby(["impl", "d", "dtype"], sort=True):
+        out.append({"impl": impl, "label": attention_label(impl), "d": int(d),
+                    "dtype": str(dtype), "from_seq": int(group["seq"].min()),
+                    "configurations": len(group),
+                    "passes": [p for p in PASSES if (group[f"{p}_status"] == "oom").any()]})
+    return out
+
+
+def _only(values: pd.Series):
+    """The one value a column holds, or None where it holds none or several."""
+    distinct = values.dropna().unique()
+    return jsonable(distinct[0]) if len(distinct) == 1 else None
+
+
+def _ran_with_do_bench(table: pd.DataFrame) -> bool:
+    """Whether the timed rows ran on CUDA (triton's do_bench) rather than the CPU fallback
+    (wall-clock medians of a few calls)."""
+    ok = table[table["status"] == "ok"]
+    return bool("env_device" in ok and (ok["env_device"] == "cuda").any())
+
+
+def _interpreted(table: pd.DataFrame) -> bool:
+    """Whether FLASH has times from a CPU, where its kernels run in Triton's interpreter."""
+    ok = table[(table["status"] == "ok") & (table["impl"] == FLASH)]
+    return bool("env_device" in ok and (ok["env_device"] == "cpu").any())
+
+
+def sweep_gap(table: pd.DataFrame) -> str:
+    """What of the assignment's flash_benchmarking sweep this table leaves out ('' if none)."""
+    gaps = []
+    for name, column, wanted in (("seq", "seq", ASSIGNMENT_SEQ_LENGTHS),
+                                 ("d", "d", ASSIGNMENT_D_HEADS),
+                                 ("dtype", "dtype", ASSIGNMENT_DTYPES)):
+        absent = [v for v in wanted if v not in set(table[column].dropna().tolist())]
+        if absent:
+            gaps.append(f"{name} {', '.join(map(str, absent))}")
+    for impl in (FLASH, "eager"):
+        if impl not in set(table["impl"]):
+            gaps.append(f"no {attention_label(impl)} rows")
+    if not gaps:
+        return ""
+    return "not in this preset's sweep: " + "; ".join(gaps)
+
+
+def leaderboard_shape(board: pd.DataFrame) -> dict | None:
     if board.empty:
-        return "_(no leaderboard records)_", ""
+        return None
     first = board.iloc[0]
-    shape = f"q, k, v of shape ({first['batch_size']}, {first['seq']}, {first['d']}), {first['dtype']}, causal"
-    rows = pd.DataFrame({
-        "implementation": board["impl"].map(lambda i: IMPL_LABEL.get(i, i)),
-        "status": board["status"],
-        "forward ms": board["forward_ms"].map(lambda v: fmt(v, 3)),
-        "backward ms": board["backward_ms"].map(lambda v: fmt(v, 3)),
-        "forward+backward ms": board["forward_backward_ms"].map(lambda v: fmt(v, 3)),
-    })
+    return {"batch_size": int(first["batch_size"]), "seq": int(first["seq"]),
+            "d": int(first["d"]), "dtype": str(first["dtype"]),
+            "causal": bool(first["causal"]), "compile": bool(first["compile"])}
+
+
+def leaderboard_facts(board: pd.DataFrame) -> dict:
+    """The leaderboard case: its table, shape, Triton and SDPA times, their ratio, and Triton's
+    time against the class's best entry (only where the shape is the assignment's)."""
+    shape = leaderboard_shape(board)
     ok = board.dropna(subset=["forward_backward_ms"]).set_index("impl")["forward_backward_ms"]
-    sentences = [f"Case: {shape}, `torch.compile` of each implementation, {_timer(board)}."]
-    if "triton" in ok.index:
-        sentences.append(f"Triton FA2 forward+backward: {fmt(ok['triton'], 3)} ms "
-                         f"({fmt_ratio(ok['triton'] / CLASS_BEST_H100_MS)} the class's best "
-                         f"entry of {CLASS_BEST_H100_MS} ms on an H100, a figure the assignment "
-                         f"gives, not measured here).")
-        if "sdpa" in ok.index:
-            ratio = ok["sdpa"] / ok["triton"]
-            sentences.append(f"torch SDPA in the same run: {fmt(ok['sdpa'], 3)} ms, so Triton is "
-                             f"{fmt_ratio(ratio)} {'faster' if ratio > 1 else 'the speed'} "
-                             f"(SDPA time / Triton time).")
-    for _, r in board[board["status"] != "ok"].iterrows():
-        sentences.append(f"{IMPL_LABEL.get(r['impl'], r['impl'])}: {r['status']} "
-                         f"({str(r['message']).splitlines()[0] if r['message'] else ''}).")
-    return to_markdown(rows), bullets(sentences)
+    triton_ms = float(ok[FLASH]) if FLASH in ok.index else None
+    sdpa_ms = float(ok["sdpa"]) if "sdpa" in ok.index else None
+    assignment_shape = shape == ASSIGNMENT_LEADERBOARD
+    return {
+        "table": to_markdown(leaderboard_display(board)),
+        "rows": len(board),
+        "shape": shape,
+        "assignment_shape": ASSIGNMENT_LEADERBOARD,
+        "is_assignment_shape": assignment_shape,
+        "do_bench": _ran_with_do_bench(board),
+        "triton_ms": triton_ms,
+        "sdpa_ms": sdpa_ms,
+        # ratio = SDPA time / Triton time: above 1, Triton is faster
+        "vs_sdpa": speedup(triton_ms, sdpa_ms),
+        "class_best_ms": CLASS_BEST_H100_MS,
+        # ratio = class best / Triton time; only meaningful on the assignment's shape
+        "vs_class_best": speedup(triton_ms, CLASS_BEST_H100_MS) if assignment_shape else None,
+        "not_ok": [{"impl": r["impl"], "label": attention_label(r["impl"]),
+                    "status": r["status"], "reason": _reason(r["message"], r["status"])}
+                   for _, r in board[board["status"] != "ok"].iterrows()],
+    }
 
 
-def _timer(table: pd.DataFrame) -> str:
-    on_cuda = "env_device" in table and (table["env_device"] == "cuda").any()
-    return ("`triton.testing.do_bench` medians" if on_cuda
-            else "wall-clock medians on the CPU (`do_bench` needs CUDA)")
+def coverage(table: pd.DataFrame, board: pd.DataFrame) -> dict[str, dict]:
+    """What this section answers of §4, by the assignment's problem keys."""
+    shape = leaderboard_shape(board)
+    gaps = []
+    if shape is not None and shape != ASSIGNMENT_LEADERBOARD:
+        gaps.append(f"this preset times ({shape['batch_size']}, {shape['seq']}, {shape['d']}) "
+                    f"{shape['dtype']}, not the assignment's case")
+    if not board.empty and FLASH not in set(board["impl"]):
+        gaps.append(f"no {attention_label(FLASH)} entry")
+    return {
+        "weighted_sum": covered(None, anchor="weighted_sum"),
+        "flash_forward": covered(None, anchor="flash_forward"),
+        "flash_backward": covered(None, anchor="flash_backward"),
+        "flash_benchmarking": covered(table, missing=sweep_gap(table),
+                                      anchor="flash_benchmarking"),
+        "leaderboard (2025)": covered(board, missing="; ".join(gaps), anchor="leaderboard_2025"),
+    }
 
 
-def render(table: pd.DataFrame, board: pd.DataFrame, latency_figure_path: str,
-           speedup_figure_path: str, writeup_path: str) -> str:
-    skipped = table[table["status"] == "skipped"]
-    notes = [f"{len(skipped)} configuration(s) skipped: "
-             + "; ".join(sorted(set(skipped["message"].astype(str))))] if len(skipped) else []
-    board_table, board_sentences = _leaderboard(board)
-    first = table.iloc[0] if len(table) else None
-    return render_template(
-        "flash.md",
-        batch_size=first["batch_size"] if first is not None else "",
-        timer=_timer(table),
-        causal="causal" if first is not None and bool(first["causal"]) else "non-causal",
-        latency_table=to_markdown(display_table(table)),
-        findings=bullets([_speedup_sentence(table, "pytorch"), _speedup_sentence(table, "sdpa"),
-                          _pass_sentence(table), _launch_bound_sentence(table),
-                          _memory_sentence(table), *notes]),
-        latency_figure=relative_link(latency_figure_path, writeup_path),
-        speedup_figure=relative_link(speedup_figure_path, writeup_path),
-        leaderboard_table=board_table,
-        leaderboard_sentences=board_sentences,
-    )
+def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:
+    """Write the flash table, the leaderboard table and both figures to `outputs`; return the
+    section's facts."""
+    table = build_table(records["records"])
+    board = build_table(records["leaderboard"])
+    write_table(table, outputs["table"])
+    write_table(board, outputs["leaderboard_table"])
+    latency_figure(table, outputs["latency_figure"])
+    speedup_figure(table, outputs["speedup_figure"])
 
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", nargs="+", required=True)
-    parser.add_argument("--leaderboard-records", nargs="+", required=True)
-    parser.add_argument("--csv", required=True)
-    parser.add_argument("--markdown", required=True)
-    parser.add_argument("--leaderboard-csv", required=True)
-    parser.add_argument("--latency-figure", required=True)
-    parser.add_argument("--speedup-figure", required=True)
-    args = parser.parse_args(argv)
-    table = build_table(args.records)
-    write_table(table, args.csv, args.markdown, display_table(table))
-    write_table(build_table(args.leaderboard_records), args.leaderboard_csv)
-    latency_figure(table, args.latency_figure)
-    speedup_figure(table, args.speedup_figure)
-
-
-if __name__ == "__main__":
-    main()
+    timed = table.dropna(subset=["forward_backward_ms"])
+    return {
+        "env": env_summary(table, board),
+        "coverage": coverage(table, board),
+        "flash_label": attention_label(FLASH),
+        "batch_size": _only(table["batch_size"]),
+        "causal": _only(table["causal"]),
+        "do_bench": _ran_with_do_bench(table),
+        "flash_interpreted": _interpreted(table),
+        "configurations": len(table),
+        "shapes": len(table.groupby(SHAPE_KEYS)) if len(table) else 0,
+        "implementations": [attention_label(i) for i in IMPL_ORDER if i in set(table["impl"])],
+        "latency_table": to_markdown(display_table(table)),
+        "speedup_over": {over: speedup_summary(table, over) for over in REFERENCES},
+        "pass_speedups": {over: pass_speedups(table, over) for over in REFERENCES},
+        "launch_bound": {"threshold_ms": LAUNCH_BOUND_MS, "of": len(timed),
+                         "count": int((timed["forward_backward_ms"] < LAUNCH_BOUND_MS).sum())},
+        "oom": oom_facts(table),
+        "skipped": _status_facts(table, "skipped"),
+        "errors": _status_facts(table, "error"),
+        "latency_figure": outputs["latency_figure"],
+        "speedup_figure": outputs["speedup_figure"],
+        "leaderboard": leaderboard_facts(board),
+    }

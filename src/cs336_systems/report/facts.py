@@ -1,0 +1,95 @@
+"""Facts: what a section's report module computes from its tables and hands to its template.
+
+Facts are plain JSON (numbers, strings, lists, dicts; a missing number is null), written to
+`results/<preset>/sections/<section>.json`. Every number and every verdict word of the writeup
+is a fact; the template only arranges them into sentences. Two helpers make the facts that
+recur: `speedup` (a ratio, its verdict and whether it is inside the measured spread) and
+`covered` (what a section says of one problem of the assignment, for the coverage table).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from cs336_systems.records import write_text_atomic
+
+
+def jsonable(value: Any) -> Any:
+    """`value` with numpy and pandas scalars made plain, NaN and NA made None, tuples lists."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def write_facts(path: str | Path, facts: dict) -> None:
+    write_text_atomic(path, json.dumps(jsonable(facts), indent=1, allow_nan=False) + "\n")
+
+
+def read_facts(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def _finite(x) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def speedup(time: float, reference: float, time_std: float | None = None,
+            reference_std: float | None = None) -> dict | None:
+    """How `time` compares with `reference` (both durations; smaller is faster).
+
+    ratio = reference / time (above 1: `time` is faster); factor = the larger of ratio and its
+    inverse, with word "faster" or "slower", for sentences like "2.9x faster" / "1.4x slower".
+    within_spread: whether mean +- std of the two overlap (None where a spread is unknown), so
+    a sentence can say when a difference is inside the measured noise. None if either is missing.
+    """
+    if not (_finite(time) and _finite(reference)) or time <= 0 or reference <= 0:
+        return None
+    ratio = reference / time
+    within = None
+    if _finite(time_std) and _finite(reference_std):
+        within = abs(reference - time) <= time_std + reference_std
+    return {"ratio": ratio, "factor": max(ratio, 1 / ratio),
+            "word": "faster" if ratio > 1 else "slower" if ratio < 1 else "as fast",
+            "within_spread": within}
+
+
+def covered(records: pd.DataFrame | None = None, missing: str = "", anchor: str = "") -> dict:
+    """What a section says of one problem, for the coverage table.
+
+    `records`: the table rows (with `status` and `message`) whose results answer it, or None
+    where code and tests answer it. Every row skipped: "skipped", with the reasons. Otherwise
+    "answered", or "partly answered" when `missing` says what the section leaves out; rows that
+    did not end `ok` are counted in the note with their reasons.
+    """
+    notes = [missing] if missing else []
+    if records is not None:
+        if records.empty:
+            return {"status": "skipped", "note": "no configuration of it in this preset",
+                    "anchor": anchor}
+        counts = records["status"].value_counts()
+        reasons = sorted({str(m).splitlines()[0] for m in
+                          records.loc[records["status"] == "skipped", "message"].dropna() if m})
+        if counts.get("skipped", 0) == len(records):
+            return {"status": "skipped", "note": "; ".join(reasons), "anchor": anchor}
+        for status in ("skipped", "oom", "error"):
+            if counts.get(status, 0):
+                notes.append(f"{counts[status]} of {len(records)} configurations {status}"
+                             + (f" ({'; '.join(reasons)})" if status == "skipped" else ""))
+    return {"status": "partly answered" if missing else "answered", "note": "; ".join(notes),
+            "anchor": anchor}

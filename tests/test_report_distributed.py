@@ -1,0 +1,325 @@
+"""The distributed section's report math, on the reference run's GPU records (2x H200).
+
+Every expected value is computed here from the JSON records themselves, not from the tables
+the section builds, so a wrong formula in the section fails a test.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cs336_systems.distributed.variants import DDP_VARIANTS
+from cs336_systems.records import make_record, write_json_atomic
+from cs336_systems.report.coverage import PROBLEM_KEYS
+from cs336_systems.report.facts import jsonable
+from cs336_systems.report.render import fmt_ratio, render
+from cs336_systems.report.sections.distributed import build, fit_latency_bandwidth
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = ROOT / "docs/reference-run/results/quick"
+OUTPUTS = {"allreduce_table": "tables/allreduce.csv", "ddp_table": "tables/ddp.csv",
+           "sharded_table": "tables/sharded_optimizer.csv",
+           "accounting_table": "tables/communication_accounting.csv",
+           "allreduce_figure": "figures/allreduce_bandwidth.png",
+           "ddp_figure": "figures/ddp_step_time.png"}
+DISTRIBUTED_PROBLEMS = {
+    "distributed_communication_single_node", "naive_ddp", "naive_ddp_benchmarking",
+    "minimal_ddp_flat_benchmarking", "ddp_overlap_individual_parameters",
+    "ddp_overlap_individual_parameters_benchmarking", "ddp_overlap_bucketed",
+    "ddp_bucketed_benchmarking", "communication_accounting", "optimizer_state_sharding",
+    "optimizer_state_sharding_accounting"}
+
+
+def _records(root: Path) -> dict[str, list[str]]:
+    return {"allreduce": sorted(str(p) for p in (root / "allreduce").glob("*.json")),
+            "ddp": sorted(str(p) for p in (root / "ddp").glob("*.json")),
+            "sharded": sorted(str(p) for p in (root / "sharded_optimizer").glob("*.json")),
+            "accounting": [str(root / "communication_accounting.json")]}
+
+
+def _build(records: dict, folder: Path) -> tuple[dict, dict]:
+    outputs = {k: str(folder / v) for k, v in OUTPUTS.items()}
+    facts = build(records, {}, outputs)
+    # what the pipeline does: write_facts, then the template reads the JSON back
+    return json.loads(json.dumps(jsonable(facts), allow_nan=False)), outputs
+
+
+def _metrics(path: Path) -> dict:
+    return json.loads(path.read_text())["metrics"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("distributed")
+    facts, outputs = _build(_records(REFERENCE), folder)
+    return facts, outputs, folder
+
+
+@pytest.fixture(scope="module")
+def facts(built):
+    return built[0]
+
+
+@pytest.fixture(scope="module")
+def markdown(built):
+    facts, _, folder = built
+    return render("distributed.md.j2", facts, link_base=folder)
+
+
+def ddp(name: str) -> dict:
+    return _metrics(REFERENCE / "ddp" / f"{name}.json")
+
+
+def sharded(name: str) -> dict:
+    return _metrics(REFERENCE / "sharded_optimizer" / f"{name}.json")
+
+
+def allreduce_rows(backend: str, world_size: int = 2) -> pd.DataFrame:
+    rows = []
+    for path in sorted((REFERENCE / "allreduce").glob(f"{backend}_*mb_world{world_size}.json")):
+        m = _metrics(path)
+        rows.append({"size_bytes": m["size_bytes"], "allreduce_ms_median": m["allreduce_ms_median"],
+                     "busbw_gbps": m["busbw_gbps"]})
+    return pd.DataFrame(rows).sort_values("size_bytes", ignore_index=True)
+
+
+# --- outputs -------------------------------------------------------------------------------
+
+def test_tables_and_figures_are_written_one_row_per_record(built):
+    _, outputs, _ = built
+    records = _records(REFERENCE)
+    for name, key in (("allreduce_table", "allreduce"), ("ddp_table", "ddp"),
+                      ("sharded_table", "sharded"), ("accounting_table", "accounting")):
+        assert len(pd.read_csv(outputs[name])) == len(records[key])
+    for name in ("allreduce_figure", "ddp_figure"):
+        assert Path(outputs[name]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_facts_are_strict_json_and_claim_the_section_problems(facts):
+    json.dumps(facts, allow_nan=False)
+    assert set(facts["coverage"]) == DISTRIBUTED_PROBLEMS
+    assert DISTRIBUTED_PROBLEMS <= set(PROBLEM_KEYS)
+    assert facts["env"]["gpu"] == ["NVIDIA H200"]
+
+
+# --- all-reduce ----------------------------------------------------------------------------
+
+def test_fit_recovers_latency_and_bandwidth_exactly_from_synthetic_data():
+    o_ms, w_gbps = 0.045, 123.0
+    size_bytes = np.array([1e6, 1e7, 1e8, 1e9])
+    t = o_ms + size_bytes / (w_gbps * 1e9) * 1e3
+    fit = fit_latency_bandwidth(pd.DataFrame({"size_bytes": size_bytes,
+                                              "allreduce_ms_median": t}))
+    assert fit[0] == pytest.approx(o_ms, rel=1e-9)
+    assert fit[1] == pytest.approx(w_gbps, rel=1e-9)
+
+
+def test_fit_says_when_it_cannot_resolve_o_or_fit_at_all():
+    size_bytes = np.array([1e6, 1e7, 1e8])
+    t = size_bytes / 100e6 - 0.005  # a negative intercept: no per-call cost to report
+    fit = fit_latency_bandwidth(pd.DataFrame({"size_bytes": size_bytes,
+                                              "allreduce_ms_median": t}))
+    assert fit[0] is None and fit[1] == pytest.approx(100.0, rel=1e-6)
+    one_size = pd.DataFrame({"size_bytes": [1e6, 1e6], "allreduce_ms_median": [1.0, 1.1]})
+    assert fit_latency_bandwidth(one_size) is None
+
+
+def test_fit_on_the_nccl_records_predicts_the_medians_within_15_percent(facts):
+    rows = allreduce_rows("nccl")
+    o_ms, w_gbps = fit_latency_bandwidth(rows)
+    predicted = o_ms + rows["size_bytes"] / (w_gbps * 1e6)
+    relative = (predicted - rows["allreduce_ms_median"]).abs() / rows["allreduce_ms_median"]
+    assert relative.max() < 0.15, relative.tolist()
+    run = next(r for r in facts["allreduce"]["runs"] if r["backend"] == "nccl")
+    assert run["fit"]["o_us"] == pytest.approx(o_ms * 1e3)
+    assert run["fit"]["w_gbps"] == pytest.approx(w_gbps)
+
+
+def test_allreduce_facts_are_the_records(facts):
+    nccl, gloo = allreduce_rows("nccl"), allreduce_rows("gloo")
+    run = next(r for r in facts["allreduce"]["runs"] if r["backend"] == "nccl")
+    assert run["largest_busbw_gbps"] == pytest.approx(nccl["busbw_gbps"].iloc[-1])
+    assert run["largest_median_ms"] == pytest.approx(nccl["allreduce_ms_median"].iloc[-1])
+    ratio = gloo["allreduce_ms_median"] / nccl["allreduce_ms_median"]  # same sizes, in order
+    r = facts["allreduce"]["nccl_vs_gloo"]
+    assert (r["ratio_min"], r["ratio_max"]) == pytest.approx((ratio.min(), ratio.max()))
+    assert r["pairs"] == len(ratio) and r["word"] == "faster"
+
+
+# --- DDP -----------------------------------------------------------------------------------
+
+def test_variants_come_in_the_order_of_DDP_VARIANTS(facts):
+    order = [v["variant"] for v in facts["ddp"]["variants"]]
+    ranks = [list(DDP_VARIANTS).index(v) for v in order]
+    assert ranks == sorted(ranks)
+    buckets = [v["label"] for v in facts["ddp"]["variants"] if v["variant"] == "bucketed"]
+    assert buckets == ["bucketed 1 MiB", "bucketed 10 MiB", "bucketed 100 MiB",
+                       "bucketed 1000 MiB"]
+
+
+def test_naive_to_flat_communication_is_the_records(facts):
+    naive, flat = ddp("naive"), ddp("flat")
+    nf = facts["ddp"]["naive_vs_flat"]
+    assert nf["naive_communicate"]["ms"] == naive["communicate_ms_mean"]
+    assert nf["flat_communicate"]["ms"] == flat["communicate_ms_mean"]
+    assert nf["naive_step"]["ms"] == naive["step_ms_mean"]
+    assert nf["flat_step"]["ms"] == flat["step_ms_mean"]
+    assert nf["communicate"]["ratio"] == pytest.approx(
+        naive["communicate_ms_mean"] / flat["communicate_ms_mean"])
+    # the step times differ by less than their two stds together: a tie inside the noise
+    step_tie = (abs(naive["step_ms_mean"] - flat["step_ms_mean"])
+                <= naive["step_ms_std"] + flat["step_ms_std"])
+    assert nf["step"]["within_spread"] is step_tie
+    share = facts["ddp"]["naive_communication_share"]["fraction"]
+    assert share == pytest.approx(naive["communicate_ms_mean"] / naive["step_ms_mean"])
+
+
+def test_our_best_against_torch_ddp_is_the_ratio_of_the_two_step_means(facts):
+    ours = {p.stem: _metrics(p) for p in (REFERENCE / "ddp").glob("*.json") if p.stem != "torch"}
+    best = min(ours, key=lambda name: ours[name]["step_ms_mean"])
+    torch_ddp = ddp("torch")
+    vs = facts["ddp"]["vs_torch"]
+    assert vs["ours"]["ms"] == ours[best]["step_ms_mean"]
+    assert vs["torch"]["ms"] == torch_ddp["step_ms_mean"]
+    assert vs["speedup"]["ratio"] == pytest.approx(torch_ddp["step_ms_mean"]
+                                                   / ours[best]["step_ms_mean"])
+    assert vs["speedup"]["word"] == ("faster" if ours[best]["step_ms_mean"]
+                                     < torch_ddp["step_ms_mean"] else "slower")
+    apart = abs(torch_ddp["step_ms_mean"] - ours[best]["step_ms_mean"])
+    assert vs["speedup"]["within_spread"] is (
+        apart <= torch_ddp["step_ms_std"] + ours[best]["step_ms_std"])
+    fastest = min([*ours.values(), torch_ddp], key=lambda m: m["step_ms_mean"])
+    assert facts["ddp"]["fastest"]["ms"] == fastest["step_ms_mean"]
+
+
+def test_collective_busy_time_is_reported_missing_where_the_records_lack_it(facts):
+    lacking = [p.stem for p in (REFERENCE / "ddp").glob("*.json")
+               if "collective_busy_ms_per_step" not in _metrics(p)]
+    assert len(facts["ddp"]["collective_busy_missing"]) == len(lacking)
+    note = facts["coverage"]["ddp_overlap_individual_parameters_benchmarking"]
+    assert (note["status"] == "partly answered") is bool(lacking)
+
+
+# --- the bucketed overhead model -----------------------------------------------------------
+
+def test_overhead_model_predictions_and_optimum(facts):
+    model = facts["overhead"]
+    assert model["available"]
+    o_ms, w_gbps = fit_latency_bandwidth(allreduce_rows("nccl"))
+    assert (model["o_ms"], model["w_gbps"]) == pytest.approx((o_ms, w_gbps))
+    naive = ddp("naive")
+    compute_ms = naive["forward_ms_mean"] + naive["backward_ms_mean"] + naive["optimizer_ms_mean"]
+    w_bytes_per_ms = w_gbps * 1e9 / 1e3
+    rows = {row["bucket_mib"]: row for row in model["rows"]}
+    for mb in (1, 10, 100, 1000):
+        record = ddp(f"bucketed-{mb}mb")
+        s, n_b = record["gradient_bytes"], record["buckets"]
+        expected = s / (n_b * w_bytes_per_ms) + n_b * o_ms  # s / (n_b w) + n_b o
+        assert rows[mb]["buckets"] == n_b
+        assert rows[mb]["predicted_ms"] == pytest.approx(expected, rel=1e-12)
+        assert rows[mb]["measured_ms"] == pytest.approx(record["step_ms_mean"] - compute_ms)
+    s = ddp("naive")["gradient_bytes"]
+    assert model["s_bytes"] == s
+    assert model["b_star_bytes"] == pytest.approx(math.sqrt(s * w_bytes_per_ms * o_ms))
+    n_star = model["n_b_star"]
+    assert n_star == pytest.approx(s / model["b_star_bytes"])
+
+    def overhead(n):
+        return s / (n * w_bytes_per_ms) + n * o_ms
+
+    assert overhead(n_star) < min(overhead(0.9 * n_star), overhead(1.1 * n_star))
+    gaps = [row["measured_ms"] - row["predicted_ms"] for row in model["rows"]]
+    assert (model["gap_min_ms"], model["gap_max_ms"]) == pytest.approx((min(gaps), max(gaps)))
+
+
+# --- sharding ------------------------------------------------------------------------------
+
+def test_sharded_state_and_times_are_the_ratios_of_the_two_records(facts):
+    s, r = sharded("sharded"), sharded("replicated")
+    f = facts["sharded"]
+    assert f["state"]["fraction"] == pytest.approx(s["optimizer_state_gib"]
+                                                   / r["optimizer_state_gib"])
+    assert f["step"]["speedup"]["ratio"] == pytest.approx(r["step_ms_mean"] / s["step_ms_mean"])
+    assert f["optimizer"]["speedup"]["ratio"] == pytest.approx(r["optimizer_ms_mean"]
+                                                               / s["optimizer_ms_mean"])
+    assert f["optimizer"]["speedup"]["word"] == ("faster" if s["optimizer_ms_mean"]
+                                                 < r["optimizer_ms_mean"] else "slower")
+    for name, m in (("replicated", r), ("sharded", s)):
+        memory = f["memory"][name]
+        assert memory["peak_gib"] == m["peak_gib"]
+        assert memory["before_step_gib"] == m["allocated_gib_before_step"]
+        known = m["parameter_gib"] + 2 * m["gradient_gib"] + m["optimizer_state_gib"]
+        assert memory["other_gib"] == pytest.approx(m["peak_gib"] - known)
+
+
+def test_accounting_facts_are_the_record(facts):
+    record = json.loads((REFERENCE / "communication_accounting.json").read_text())
+    for key, value in record["metrics"].items():
+        if key in facts["accounting"]:
+            assert facts["accounting"][key] == pytest.approx(value)
+    assert facts["accounting"]["fsdp_degree_x"] == record["config"]["fsdp_degree_x"]
+    assert facts["accounting"]["parameters_billions"] == pytest.approx(
+        record["metrics"]["parameters"] / 1e9)
+
+
+# --- the template --------------------------------------------------------------------------
+
+def test_template_renders_the_numbers_and_verdicts(facts, markdown):
+    assert markdown.startswith("## 5 Distributed data parallel")
+    assert "## 6 Sharding" in markdown
+    for problem in DISTRIBUTED_PROBLEMS:
+        assert f'<a id="{problem}"></a>' in markdown
+        assert f"`{problem}`" in markdown
+    torch_ddp = ddp("torch")
+    assert f"{torch_ddp['step_ms_mean']:.1f} ± {torch_ddp['step_ms_std']:.1f} ms" in markdown
+    vs = facts["ddp"]["vs_torch"]["speedup"]
+    assert f"{fmt_ratio(vs['factor'])} {vs['word']} than torch's" in markdown
+    s, r = sharded("sharded"), sharded("replicated")
+    percent = 100 * s["optimizer_state_gib"] / r["optimizer_state_gib"]
+    assert f"{s['optimizer_state_gib']:.2f} GiB sharded ({percent:.0f}%" in markdown
+    assert f"b* = sqrt(s w o) = {facts['overhead']['b_star_mib']:.1f} MiB" in markdown
+    # naive -> flat step times are a tie inside the noise in these records, and say so
+    assert facts["ddp"]["naive_vs_flat"]["step"]["within_spread"]
+    assert "than naive, a difference inside the measured spread" in markdown
+    assert "figures/ddp_step_time.png" in markdown and "{{" not in markdown
+
+
+# --- a GPU preset on a machine without GPUs ------------------------------------------------
+
+def _skipped_records(root: Path) -> dict[str, list[str]]:
+    env = {"device": "cpu", "gpu": None, "torch": "x", "triton": None, "git": "test"}
+    reason = "CUDA was requested but no CUDA device is available on this machine"
+    configs = {
+        "allreduce": [{"backend": "nccl", "size_mb": mb, "world_size": 2} for mb in (1, 10)],
+        "ddp": [{"variant": v, "bucket_size_mb": 10.0 if v == "bucketed" else None,
+                 "size": "xl", "context_length": 128, "batch_size": 16, "world_size": 2,
+                 "backend": "nccl"} for v in DDP_VARIANTS],
+        "sharded": [{"sharded": flag, "size": "xl", "context_length": 128, "batch_size": 8,
+                     "world_size": 2, "backend": "nccl"} for flag in (True, False)],
+    }
+    records = {}
+    for key, items in configs.items():
+        records[key] = []
+        for i, config in enumerate(items):
+            path = root / key / f"{i}.json"
+            write_json_atomic(path, make_record(key, config, "skipped", env=env, message=reason))
+            records[key].append(str(path))
+    path = root / "communication_accounting.json"
+    write_json_atomic(path, make_record("communication_accounting", {}, "skipped", env=env,
+                                        message=reason))
+    records["accounting"] = [str(path)]
+    return records
+
+
+def test_all_skipped_records_give_skipped_coverage_and_a_section(tmp_path):
+    facts, _ = _build(_skipped_records(tmp_path / "records"), tmp_path)
+    statuses = {k: v["status"] for k, v in facts["coverage"].items()}
+    assert set(statuses.values()) == {"skipped"}, statuses
+    assert "no CUDA device" in facts["coverage"]["naive_ddp_benchmarking"]["note"]
+    markdown = render("distributed.md.j2", facts, link_base=tmp_path)
+    assert "No DDP variant ran." in markdown
+    assert "Not measured: nccl x 2 at 1 MB (skipped: CUDA was requested" in markdown

@@ -1,0 +1,11 @@
+# The one script of every rule (Snakemake's script directive defines `snakemake`): it runs the
+# job's entry point, `cs336_systems.jobs.<params.job>`, from this checkout's src/, so that the
+# code a job runs is the code its rule lists as inputs.
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
+
+from cs336_systems import jobs  # noqa: E402
+
+getattr(jobs, snakemake.params.job)(snakemake)  # noqa: F821
