@@ -6,11 +6,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from cs336_systems.report.facts import jsonable
 from cs336_systems.report.render import render
 from cs336_systems.report.sections import benchmark
 
+ROOT = Path(__file__).parent.parent
+OPTIONS = {"main_warmup_steps": 5,
+           "assignment": yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["benchmark"]}
 RECORDS = sorted((Path(__file__).parent.parent / "docs/reference-run/results/quick/benchmark")
                  .glob("*.json"))
 
@@ -25,8 +29,7 @@ def facts(tmp_path_factory):
     out = tmp_path_factory.mktemp("benchmark")
     outputs = {"table": str(out / "benchmark.csv"), "scaling_figure": str(out / "a.png"),
                "warmup_figure": str(out / "b.png")}
-    built = benchmark.build({"records": [str(p) for p in RECORDS]}, {"main_warmup_steps": 5},
-                            outputs)
+    built = benchmark.build({"records": [str(p) for p in RECORDS]}, OPTIONS, outputs)
     return jsonable(built), outputs
 
 
@@ -82,6 +85,25 @@ def test_warmup_ablation_compares_cold_and_warm_runs(facts):
     assert [b["warmup_steps"] for b in config["between"]] == [1, 2]
 
 
+def test_warmup_differences_inside_the_spread_are_called_so(facts):
+    built, _ = facts
+    one = _record("small", 128, "train-step", "fp32", warmup=1)
+    five = _record("small", 128, "train-step", "fp32", warmup=5)
+    config = next(c for c in built["warmup"]["configs"] if c["size"] == "small")
+    between = config["between"][0]["against_warm"]
+    assert between["ratio"] == pytest.approx(one["step_ms_mean"] / five["step_ms_mean"])
+    inside = (abs(one["step_ms_mean"] - five["step_ms_mean"])
+              <= one["step_ms_std"] + five["step_ms_std"])
+    assert between["within_spread"] is inside is True
+
+
+def test_the_precision_comparison_answers_part_of_benchmarking_mixed_precision(facts):
+    built, _ = facts
+    claim = built["coverage"]["benchmarking_mixed_precision"]
+    assert claim["status"] == "partly answered" and claim["note"].startswith("only (c)")
+    assert "(c) lacks sizes medium, large, xl" in claim["note"]
+
+
 def test_the_template_renders_the_facts(facts, tmp_path):
     built, _ = facts
     text = render("benchmark.md.j2", built, link_base=tmp_path)
@@ -102,7 +124,7 @@ def test_a_skipped_sweep_is_covered_as_skipped(tmp_path):
     path.write_text(json.dumps(record))
     outputs = {"table": str(tmp_path / "t.csv"), "scaling_figure": str(tmp_path / "a.png"),
                "warmup_figure": str(tmp_path / "b.png")}
-    built = jsonable(benchmark.build({"records": [str(path)]}, {"main_warmup_steps": 5}, outputs))
+    built = jsonable(benchmark.build({"records": [str(path)]}, OPTIONS, outputs))
     assert built["coverage"]["benchmarking_script"] == {
         "status": "skipped", "anchor": "benchmarking_script",
         "note": "CUDA was requested but no CUDA device is available on this machine"}

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from cs336_systems.distributed.variants import DDP_VARIANTS
 from cs336_systems.records import make_record, write_json_atomic
@@ -21,6 +22,8 @@ from cs336_systems.report.sections.distributed import build, fit_latency_bandwid
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "docs/reference-run/results/quick"
+# The assignment's matrix, as the distributed_tables rule passes it: the config's defaults.
+ASSIGNMENT = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["distributed"]
 OUTPUTS = {"allreduce_table": "tables/allreduce.csv", "ddp_table": "tables/ddp.csv",
            "sharded_table": "tables/sharded_optimizer.csv",
            "accounting_table": "tables/communication_accounting.csv",
@@ -41,9 +44,9 @@ def _records(root: Path) -> dict[str, list[str]]:
             "accounting": [str(root / "communication_accounting.json")]}
 
 
-def _build(records: dict, folder: Path) -> tuple[dict, dict]:
+def _build(records: dict, folder: Path, assignment: dict = ASSIGNMENT) -> tuple[dict, dict]:
     outputs = {k: str(folder / v) for k, v in OUTPUTS.items()}
-    facts = build(records, {}, outputs)
+    facts = build(records, {"assignment": assignment}, outputs)
     # what the pipeline does: write_facts, then the template reads the JSON back
     return json.loads(json.dumps(jsonable(facts), allow_nan=False)), outputs
 
@@ -202,6 +205,77 @@ def test_collective_busy_time_is_reported_missing_where_the_records_lack_it(fact
     assert len(facts["ddp"]["collective_busy_missing"]) == len(lacking)
     note = facts["coverage"]["ddp_overlap_individual_parameters_benchmarking"]
     assert (note["status"] == "partly answered") is bool(lacking)
+    if lacking:
+        assert "their records have no such metric" in note["note"]
+
+
+def test_profiled_steps_come_from_the_records(facts, markdown):
+    """The number of profiled steps is a record metric: n/a where a record lacks it."""
+    lacking = sorted(p.stem for p in (REFERENCE / "ddp").glob("*.json")
+                     if "profile_steps" not in _metrics(p))
+    recorded = {_metrics(p)["profile_steps"] for p in (REFERENCE / "ddp").glob("*.json")
+                if "profile_steps" in _metrics(p)}
+    assert facts["ddp"]["profile_steps"] == sorted(recorded)
+    assert len(facts["ddp"]["profile_steps_missing"]) == len(lacking)
+    assert "| profiled steps" in facts["ddp"]["table"]
+    words = " ".join(markdown.split())  # the template wraps its lines
+    assert "show the overlap" not in words and "were made before" not in words
+    assert "Rank 0's Chrome traces of the profiled steps" in words
+    assert "written beside the records" in words
+
+
+def test_profiled_steps_and_busy_time_of_new_records(tmp_path):
+    """Records that carry collective_busy_ms_per_step and profile_steps: no n/a, and the
+    trace sentence names the number of steps."""
+    records = _records(REFERENCE)
+    records["ddp"] = []
+    for path in sorted((REFERENCE / "ddp").glob("*.json")):
+        record = json.loads(path.read_text())
+        record["metrics"].update(collective_busy_ms_per_step=1.5, profile_steps=3)
+        copy = tmp_path / "ddp" / path.name
+        write_json_atomic(copy, record)
+        records["ddp"].append(str(copy))
+    facts, _ = _build(records, tmp_path / "out")
+    assert facts["ddp"]["profile_steps"] == [3]
+    assert facts["ddp"]["profile_steps_missing"] == []
+    assert facts["ddp"]["collective_busy_missing"] == []
+    assert all(v["profile_steps"] == 3 for v in facts["ddp"]["variants"])
+    assert "n/a" not in facts["ddp"]["table"]
+    markdown = render("distributed.md.j2", facts, link_base=tmp_path)
+    words = " ".join(markdown.split())
+    assert "Rank 0's Chrome traces of the profiled steps (3 steps per run) are written" in words
+    assert "have no such metric" not in words
+    note = facts["coverage"]["ddp_overlap_individual_parameters_benchmarking"]["note"]
+    assert "collective busy time" not in note
+
+
+# --- what the preset leaves out of the assignment's matrix --------------------------------
+
+def test_coverage_notes_follow_the_assignment_matrix_of_the_options(facts, tmp_path):
+    allreduce = [json.loads(p.read_text())["config"]
+                 for p in (REFERENCE / "allreduce").glob("*.json")]
+    absent = [w for w in ASSIGNMENT["allreduce"]["world_sizes"]
+              if w not in {c["world_size"] for c in allreduce}]
+    note = facts["coverage"]["distributed_communication_single_node"]
+    assert absent and note["status"] == "partly answered"
+    assert f"no runs with {' and '.join(map(str, absent))} processes" in note["note"]
+    # the reference run is the assignment's DDP setup: no setup gap
+    assert facts["coverage"]["naive_ddp_benchmarking"] == {
+        "status": "answered", "note": "", "anchor": "naive_ddp_benchmarking"}
+
+    # a matrix the records cover, and one with another model and a backend never run
+    covered_matrix = {**ASSIGNMENT, "allreduce": {**ASSIGNMENT["allreduce"], "world_sizes": [2]}}
+    other = {**ASSIGNMENT, "allreduce": {**ASSIGNMENT["allreduce"], "backends": ["mpi"]},
+             "ddp": {**ASSIGNMENT["ddp"], "size": "large"}}
+    covered_facts, _ = _build(_records(REFERENCE), tmp_path / "covered", covered_matrix)
+    assert covered_facts["coverage"]["distributed_communication_single_node"]["status"] \
+        == "answered"
+    other_facts, _ = _build(_records(REFERENCE), tmp_path / "other", other)
+    assert "no mpi runs" in other_facts["coverage"]["distributed_communication_single_node"][
+        "note"]
+    gap = other_facts["coverage"]["naive_ddp_benchmarking"]
+    assert gap["status"] == "partly answered"
+    assert gap["note"] == "measured with the xl model on 2 ranks (nccl), not large on 2 GPUs (nccl)"
 
 
 # --- the bucketed overhead model -----------------------------------------------------------

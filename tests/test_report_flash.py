@@ -9,12 +9,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from cs336_systems.report.facts import jsonable, read_facts, write_facts
 from cs336_systems.report.render import fmt, fmt_ratio, render
 from cs336_systems.report.sections import flash
 
-REFERENCE = Path(__file__).resolve().parents[1] / "docs/reference-run/results/quick"
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "docs/reference-run/results/quick"
+# The assignment's matrix, as the flash_tables rule passes it: the config's defaults.
+ASSIGNMENT = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["flash"]
 FLASH_RECORDS = sorted(str(p) for p in (REFERENCE / "flash").glob("*.json"))
 BOARD_RECORDS = sorted(str(p) for p in (REFERENCE / "flash_leaderboard").glob("*.json"))
 CPU_ENV = {"device": "cpu", "gpu": None, "torch": "2.x", "triton": None, "git": "abc"}
@@ -27,9 +31,11 @@ def _outputs(tmp_path: Path) -> dict[str, str]:
             "speedup_figure": str(tmp_path / "figures/flash_speedup.png")}
 
 
-def _build(tmp_path: Path, records: list[str], board: list[str]) -> dict:
+def _build(tmp_path: Path, records: list[str], board: list[str],
+           assignment: dict = ASSIGNMENT) -> dict:
     """build(), then its facts through JSON as the pipeline stores them."""
-    facts = flash.build({"records": records, "leaderboard": board}, {}, _outputs(tmp_path))
+    facts = flash.build({"records": records, "leaderboard": board},
+                        {"assignment": assignment}, _outputs(tmp_path))
     write_facts(tmp_path / "flash.json", facts)
     return read_facts(tmp_path / "flash.json")
 
@@ -120,11 +126,19 @@ def test_coverage_of_the_reference_run(reference):
     assert set(cov) == {"weighted_sum", "flash_forward", "flash_backward",
                         "flash_benchmarking", "leaderboard (2025)"}
     for key in ("weighted_sum", "flash_forward", "flash_backward"):
+        # answered by code and tests, and the note says so: no record claims them
         assert cov[key]["status"] == "answered" and cov[key]["anchor"] == key
-    # the quick preset runs seq 256 ... 16384 and d 64, 128 of the assignment's sweep
+        assert "tests/test_kernels.py" in cov[key]["note"]
+        assert "not by a job of this pipeline" in cov[key]["note"]
+    # the quick preset runs part of the assignment's sweep (config.yaml's defaults)
+    records = _records(FLASH_RECORDS)
+    absent = {key: [v for v in ASSIGNMENT[plural] if v not in {r["config"][key] for r in records}]
+              for key, plural in (("seq", "seq_lengths"), ("d", "d_heads"))}
+    assert absent["seq"] and absent["d"]
     assert cov["flash_benchmarking"]["status"] == "partly answered"
-    assert "seq 128, 512, 2048, 8192, 32768, 65536" in cov["flash_benchmarking"]["note"]
-    assert "d 16, 32" in cov["flash_benchmarking"]["note"]
+    for key, values in absent.items():
+        assert f"{key} {', '.join(map(str, values))}" in cov["flash_benchmarking"]["note"]
+    assert "dtype" not in cov["flash_benchmarking"]["note"]
     assert cov["leaderboard (2025)"]["status"] == "answered"
 
 
@@ -155,6 +169,10 @@ def test_template_renders_the_facts(reference):
         assert number in text, number
     assert f"{fmt_ratio(board['vs_sdpa']['factor'])} {board['vs_sdpa']['word']} than" in text
     assert "quoted from" in text and "no spread recorded" in text
+    if facts["launch_bound"]["count"]:
+        words = " ".join(text.split())  # the template wraps its lines
+        assert "That threshold is a rule of thumb" in words
+        assert "Python overhead are a large share of the time" in words
     assert "(figures/flash_latency_vs_seq.png)" in text and "(figures/flash_speedup.png)" in text
     assert "| plain PyTorch ms" in facts["latency_table"] and facts["latency_table"] in text
 
@@ -196,15 +214,21 @@ def test_skipped_and_oom_configurations(tmp_path):
                message="Traceback (most recent call last):\n  ...\nZeroDivisionError: boom"),
     ]
     board = [_write(tmp_path, "flash-triton", 32, folder="board", status="skipped",
-                    message=SKIP_REASON, compile=True)]
+                    message=SKIP_REASON, compile=True),
+             _write(tmp_path, "sdpa", 32, folder="board", compile=True,
+                    metrics={"forward_ms": 1.5, "backward_status": "oom",
+                             "forward_backward_status": "oom"})]
     facts = _build(tmp_path, records, board)
 
     cov = facts["coverage"]["flash_benchmarking"]
     assert cov["status"] == "partly answered"
     assert "1 of 7 configurations skipped" in cov["note"] and SKIP_REASON in cov["note"]
     assert "1 of 7 configurations error" in cov["note"]
-    assert facts["coverage"]["leaderboard (2025)"]["status"] == "skipped"
-    assert facts["coverage"]["leaderboard (2025)"]["note"] == SKIP_REASON
+    # one entry skipped, one with a forward time and its other passes out of memory
+    board_cov = facts["coverage"]["leaderboard (2025)"]
+    assert board_cov["status"] == "partly answered"
+    assert "not the assignment's case" in board_cov["note"]
+    assert f"1 of 2 configurations skipped ({SKIP_REASON})" in board_cov["note"]
     assert facts["skipped"] == {"count": 1, "reasons": [SKIP_REASON]}
     assert facts["errors"] == {"count": 1, "reasons": ["ZeroDivisionError: boom"]}
     # eager d 16 fp32 ran out of memory from seq 32 (two passes there, the whole run at 64)
@@ -230,6 +254,37 @@ def test_skipped_and_oom_configurations(tmp_path):
     assert "plain PyTorch (d 16, fp32) from seq 32\n  (forward, backward, forward+backward)" in text
     assert "not compared with the class's entries" in text
     assert f"Triton FA2: skipped ({SKIP_REASON})." in text
+    # a leaderboard pass that ran out of memory shows oom, as in the main table
+    sdpa_row = next(line for line in board_facts["table"].splitlines() if "torch SDPA" in line)
+    assert [c.strip() for c in sdpa_row.strip("|").split("|")] == [
+        "torch SDPA", "ok", "1.500", "oom", "oom"]
+
+
+def test_the_assignment_matrix_comes_from_the_options(tmp_path):
+    """What the preset leaves out is measured against options["assignment"], nothing typed
+    into the module: a matrix the records cover leaves nothing out."""
+    records = [_write(tmp_path, impl, 16, metrics=_timed(1.0, 2.0))
+               for impl in ("flash-triton", "eager")]
+    board = [_write(tmp_path, "flash-triton", 16, folder="board", compile=True,
+                    metrics=_timed(1.0, 2.0))]
+    matrix = {**ASSIGNMENT, "implementations": ["flash-triton", "eager"], "seq_lengths": [16],
+              "d_heads": [16], "dtypes": ["fp32"],
+              "leaderboard": {"implementations": ["flash-triton"], "batch_size": 1, "seq": 16,
+                              "d": 16, "dtype": "fp32"}}
+    facts = _build(tmp_path, records, board, matrix)
+    assert facts["coverage"]["flash_benchmarking"] == {
+        "status": "answered", "note": "", "anchor": "flash_benchmarking"}
+    assert facts["coverage"]["leaderboard (2025)"]["status"] == "answered"
+    assert facts["leaderboard"]["is_assignment_shape"] is True
+    assert facts["leaderboard"]["assignment_shape"] == {"batch_size": 1, "seq": 16, "d": 16,
+                                                        "dtype": "fp32"}
+    # against the config's own matrix the same records leave most of it out
+    facts = _build(tmp_path, records, board)
+    note = facts["coverage"]["flash_benchmarking"]["note"]
+    assert "seq " + ", ".join(map(str, ASSIGNMENT["seq_lengths"])) in note
+    assert "no torch SDPA rows" in note
+    assert facts["leaderboard"]["is_assignment_shape"] is False
+    assert "no torch SDPA entry" in facts["coverage"]["leaderboard (2025)"]["note"]
 
 
 def test_everything_skipped(tmp_path):

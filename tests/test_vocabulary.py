@@ -7,8 +7,9 @@ import pytest
 import yaml
 
 from cs336_systems.attention import ATTENTION_IMPLEMENTATIONS, attention_label, get_attention
+from cs336_systems.distributed.launch import BACKENDS
 from cs336_systems.distributed.variants import DDP_VARIANTS
-from cs336_systems.experiments import benchmark, ddp, flash
+from cs336_systems.experiments import allreduce, benchmark, ddp, flash
 from cs336_systems.lm_step import MODES
 from cs336_systems.model import MODEL_SIZES
 from cs336_systems.timing import PRECISIONS
@@ -23,6 +24,7 @@ SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text
     ("precision", list(PRECISIONS)),
     ("attention", list(ATTENTION_IMPLEMENTATIONS)),
     ("ddp_variant", list(DDP_VARIANTS)),
+    ("backend", list(BACKENDS)),
 ])
 def test_schema_enums_are_the_library_names(definition, names):
     assert SCHEMA["$defs"][definition]["enum"] == names
@@ -54,6 +56,8 @@ def _choices(module, dest: str) -> list[str]:
     (flash, "impl", list(ATTENTION_IMPLEMENTATIONS)),
     (flash, "dtype", list(PRECISIONS)),
     (ddp, "variant", list(DDP_VARIANTS)),
+    (ddp, "backend", list(BACKENDS)),
+    (allreduce, "backend", list(BACKENDS)),
 ])
 def test_cli_choices_are_the_library_names(module, dest, names):
     assert _choices(module, dest) == names

@@ -7,7 +7,8 @@
     writeup          header, coverage table and the sections in order -> report/writeup.md
 
 Each job sends everything it prints, its children's output included, to its `log:` file.
-Imports are inside the functions, so an experiment job loads no report code and vice versa.
+Imports are inside the functions, so an experiment job loads no report code and vice versa
+(beyond the package's `__init__`, which every job imports).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +35,9 @@ def log_to(path: str | os.PathLike) -> Iterator[None]:
         os.dup2(log.fileno(), 2)
         try:
             yield
+        except BaseException:
+            traceback.print_exc()  # into the log, where the job's other output went
+            raise
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -30,11 +30,6 @@ def peak_gib(device: torch.device | str) -> float | None:
     return torch.cuda.max_memory_allocated(device) / GIB if _is_cuda(device) else None
 
 
-def peak_reserved_gib(device: torch.device | str) -> float | None:
-    """Most memory the allocator reserved from the driver since the last `reset_peak`."""
-    return torch.cuda.max_memory_reserved(device) / GIB if _is_cuda(device) else None
-
-
 def allocated_gib(device: torch.device | str) -> float | None:
     """Memory held by tensors now."""
     return torch.cuda.memory_allocated(device) / GIB if _is_cuda(device) else None
@@ -43,3 +38,24 @@ def allocated_gib(device: torch.device | str) -> float | None:
 def tensor_bytes(tensors) -> int:
     """Bytes of the tensors' elements (non-tensors are skipped): what they take, by count."""
     return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+
+
+def device_gib(device: torch.device | str) -> float | None:
+    """The device's total memory."""
+    if not _is_cuda(device):
+        return None
+    return torch.cuda.get_device_properties(device).total_memory / GIB
+
+
+def cap(device: torch.device | str, gib: float) -> float:
+    """Let this process allocate at most `gib` of the device's memory (as if the card had that
+    much; `torch.cuda.set_per_process_memory_fraction`). Returns the fraction set."""
+    from cs336_systems.records import Skip
+
+    total = device_gib(device)
+    if total is None:
+        raise Skip(f"a memory cap of {gib:g} GiB needs a CUDA device; this job runs on "
+                   f"{torch.device(device).type}")
+    fraction = min(1.0, gib / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return fraction

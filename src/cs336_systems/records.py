@@ -33,6 +33,17 @@ class Skip(Exception):
     """Raised by an experiment that cannot run here (e.g. GPU-only on a CPU machine)."""
 
 
+class OutOfMemoryIn(torch.OutOfMemoryError):
+    """An out-of-memory in one pass of a measurement, carrying what was measured before it: the
+    record gets status `oom`, `metrics` plus `oom_pass`, and the allocator's message."""
+
+    def __init__(self, pass_name: str, metrics: dict, cause: BaseException):
+        super().__init__(f"out of memory in the {pass_name} pass: "
+                         f"{str(cause).splitlines()[0] if str(cause) else type(cause).__name__}")
+        self.pass_name = pass_name
+        self.metrics = metrics
+
+
 def resolve_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -112,10 +123,11 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
-def _configure_logging() -> None:
-    """Jobs log to stderr (their Snakemake log file) unless the caller configured logging."""
+def configure_logging(prefix: str = "") -> None:
+    """Jobs log to stderr (their Snakemake log file) unless the caller configured logging;
+    `prefix` tells apart the processes of one job (torchrun's ranks)."""
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
+        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {prefix}%(message)s",
                             datefmt="%H:%M:%S")
 
 
@@ -127,7 +139,7 @@ def run_and_record(section: str, config: dict, output: str | Path,
     other exception `error` with the traceback, so one bad configuration never ends a sweep.
     This is the only writer of records: a distributed job's launcher calls it too.
     """
-    _configure_logging()
+    configure_logging()
     log.info("%s: %s", section, json.dumps(config, default=str))
     env_device: torch.device | str = "cpu"
     try:
@@ -137,6 +149,9 @@ def run_and_record(section: str, config: dict, output: str | Path,
     except Skip as skip:
         record = make_record(section, config, "skipped", env=environment(env_device),
                              message=str(skip))
+    except OutOfMemoryIn as oom:
+        record = make_record(section, config, "oom", {**oom.metrics, "oom_pass": oom.pass_name},
+                             environment(env_device), message=str(oom))
     except Exception as error:  # noqa: BLE001 - every failure becomes data
         status = "oom" if is_out_of_memory(error) else "error"
         message = str(error).splitlines()[0] if status == "oom" else traceback.format_exc()

@@ -65,6 +65,7 @@ rule benchmark_tables:
     params:
         job="section_tables",
         section="benchmark",
-        options={"main_warmup_steps": BENCH["warmup_steps"]},
+        options={"main_warmup_steps": BENCH["warmup_steps"],
+                 "assignment": ASSIGNMENT["benchmark"]},
     script:
         JOB_SCRIPT

@@ -19,6 +19,9 @@ LOGS = f"{RESULTS}/logs"
 JOB_SCRIPT = "../scripts/job.py"
 # Where single-device jobs run (config key `device`): cuda jobs record `skipped` without CUDA.
 DEVICE = P["device"]
+# The full matrix (the config's defaults, the assignment's own): each section's report says
+# what of it the preset left out.
+ASSIGNMENT = config["defaults"]
 
 
 def sources(*modules):

@@ -2,8 +2,8 @@
 # torchrun with its world size (cs336_systems.experiments.torchrun) and declares the GPUs it
 # takes; a run the machine cannot hold writes a `skipped` record with the reason.
 
+from cs336_systems.distributed.launch import BACKENDS
 from cs336_systems.distributed.variants import DDP_VARIANTS
-from cs336_systems.experiments.allreduce import BACKENDS
 
 DIST = P["distributed"]
 ALLREDUCE = DIST["allreduce"]
@@ -153,6 +153,7 @@ rule distributed_tables:
     params:
         job="section_tables",
         section="distributed",
-        options={},
+        # the assignment's matrix: the report says what of it this preset leaves out
+        options={"assignment": ASSIGNMENT["distributed"]},
     script:
         JOB_SCRIPT

@@ -4,7 +4,8 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))  # noqa: F821
+# scriptdir reads like workflow/rules/../scripts: resolve it before walking up
+sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1] / "src"))  # noqa: F821
 
 from cs336_systems import jobs  # noqa: E402
 

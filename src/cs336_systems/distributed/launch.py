@@ -24,6 +24,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 MASTER_ADDR = "127.0.0.1"
+# The communication backends this package runs on: gloo (CPU) and nccl (one GPU per rank).
+BACKENDS = ("gloo", "nccl")
 
 
 def free_port() -> int:
@@ -71,8 +73,8 @@ def spawn(fn: Callable, world_size: int, backend: str = "gloo", args: tuple = ()
     """
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise ValueError(f"nccl with world_size {world_size} needs as many GPUs; "
                          f"found {torch.cuda.device_count()}")
@@ -110,8 +112,8 @@ def setup_from_env(timeout_s: float = 600, backend: str | None = None
     By default nccl and cuda:LOCAL_RANK when CUDA is available, gloo and the CPU otherwise;
     `backend="gloo"` keeps the ranks on the CPU even on a GPU machine.
     """
-    if backend not in (None, "gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
                if k not in os.environ]
     if missing:

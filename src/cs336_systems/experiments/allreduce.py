@@ -19,11 +19,10 @@ import sys
 import torch
 import torch.distributed as dist
 
+from cs336_systems.distributed.launch import BACKENDS
 from cs336_systems.experiments.cli import add_common_arguments, non_negative_int, positive_int
 from cs336_systems.experiments.torchrun import launch_or_work
 from cs336_systems.timing import summarize, time_phases
-
-BACKENDS = ("gloo", "nccl")
 
 
 def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:

@@ -10,8 +10,9 @@ bucketed, and torch's DistributedDataParallel as the reference).
 Phases are timed with the harness (synchronize after each). For naive and flat the all-reduces
 are their own `communicate` phase; for the overlapped variants communication runs inside the
 backward phase and `communicate` is the exposed wait in finish_gradient_synchronization. A
-profiler trace of two steps (rank 0) goes to --trace, and from the same profile the time per
-step during which a collective was running (`collective_busy_ms_per_step`, overlaps merged).
+profiler trace of `PROFILE_STEPS` steps (rank 0) goes to --trace, and from the same profile the
+time per step during which a collective was running (`collective_busy_ms_per_step`, overlaps
+merged); the record's `profile_steps` says how many steps were profiled.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import torch
 
 from cs336_systems.distributed import (DDP, DDPBucketed, allreduce_gradients_flat,
                                        allreduce_gradients_individually, broadcast_parameters)
-from cs336_systems.experiments.cli import add_common_arguments, non_negative_int, positive_int
+from cs336_systems.distributed.launch import BACKENDS
 from cs336_systems.distributed.variants import DDP_VARIANTS
+from cs336_systems.experiments.cli import add_common_arguments, non_negative_int, positive_int
 from cs336_systems.experiments.torchrun import backend_for, launch_or_work
 from cs336_systems.lm_step import random_batch
 from cs336_systems.loss import cross_entropy
@@ -34,6 +36,9 @@ from cs336_systems.model import MODEL_SIZES, build_model, count_parameters
 from cs336_systems.optimizer import AdamW
 from cs336_systems.profiling import capture, export_trace
 from cs336_systems.timing import time_phases
+
+# Steps profiled after the timed ones: the collective busy time and rank 0's trace cover them.
+PROFILE_STEPS = 2
 
 
 def wrap(model: torch.nn.Module, config: dict, device: torch.device) -> torch.nn.Module:
@@ -109,10 +114,11 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
     times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"])
     metrics = {k: v for k, v in times.metrics().items() if "warmup" not in k}
 
-    profile_steps = 2
     with capture(device) as prof:
-        time_phases(phases, device, 0, profile_steps)
-    metrics["collective_busy_ms_per_step"] = collective_busy_ms_per_step(prof, device, profile_steps)
+        time_phases(phases, device, 0, PROFILE_STEPS)
+    metrics["profile_steps"] = PROFILE_STEPS
+    metrics["collective_busy_ms_per_step"] = collective_busy_ms_per_step(prof, device,
+                                                                         PROFILE_STEPS)
     if rank == 0 and config["trace"]:
         export_trace(prof, config["trace"])
         metrics["trace_file"] = Path(config["trace"]).name
@@ -135,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--context-length", type=positive_int, default=128)
     parser.add_argument("--batch-size", type=positive_int, default=16, help="global batch size")
     parser.add_argument("--world-size", type=positive_int, default=2)
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+    parser.add_argument("--backend", choices=BACKENDS, default=None,
                         help="default: nccl for --device cuda, gloo for cpu, auto: what is here")
     parser.add_argument("--warmup-steps", type=non_negative_int, default=3)
     parser.add_argument("--measure-steps", type=positive_int, default=10)

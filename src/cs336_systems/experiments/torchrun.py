@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from cs336_systems.distributed.launch import cleanup, setup_from_env
-from cs336_systems.records import Skip, run_and_record, write_json_atomic
+from cs336_systems.records import Skip, configure_logging, run_and_record, write_json_atomic
 
 Work = Callable[[dict, int, int, torch.device], dict]
 METRICS_FILE_ENV = "CS336_RANK0_METRICS"  # where a worker of rank 0 leaves its metrics
@@ -102,6 +102,7 @@ def _launch(module: str, argv: Sequence[str], world_size: int, backend: str,
 
 def _work(work: Work, config: dict, backend: str) -> None:
     rank, world_size, device = setup_from_env(backend=backend)
+    configure_logging(prefix=f"rank {rank}: ")
     try:
         metrics = work(config, rank, world_size, device)
         if rank == 0:

@@ -3,8 +3,8 @@ a run: the table the writeup opens with.
 
 A section's report module claims problems in its facts (`facts["coverage"]`, made with
 `cs336_systems.report.facts.covered`); a problem that no section claims is "not implemented
-yet". Nothing is silent: a problem is answered (a link to its section), partly answered or
-skipped (with the reasons, from the records), or not implemented.
+yet". Nothing is silent: a problem is answered (a link to its section), partly answered,
+skipped or failed (with the reasons, from the records), or not implemented.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ PROBLEMS: tuple[Problem, ...] = (
     Problem("leaderboard", "8", "2026"),
 )
 PROBLEM_KEYS = tuple(p.key for p in PROBLEMS)
-STATUSES = ("answered", "partly answered", "skipped", "not implemented yet")
+STATUSES = ("answered", "partly answered", "skipped", "failed", "not implemented yet")
 
 
 def coverage_rows(claims: dict[str, dict]) -> list[dict]:

@@ -69,27 +69,52 @@ def speedup(time: float, reference: float, time_std: float | None = None,
             "within_spread": within}
 
 
-def covered(records: pd.DataFrame | None = None, missing: str = "", anchor: str = "") -> dict:
+def reason(message) -> str:
+    """The line of a record's message that says why: the last line of a traceback (the
+    exception), the first line of anything else; '' for none."""
+    lines = [line.strip() for line in str(message or "").splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[-1] if lines[0].startswith("Traceback") else lines[0]
+
+
+def not_ok(rows: pd.DataFrame, keys: list[str]) -> list[dict]:
+    """The rows that did not end `ok`: their `keys`, status and reason, for "not measured"."""
+    bad = rows[rows["status"] != "ok"]
+    return [{**{k: r[k] for k in keys}, "status": r["status"], "reason": reason(r["message"])}
+            for _, r in bad.iterrows()]
+
+
+def covered(records: pd.DataFrame | None = None, missing: str = "", anchor: str = "",
+            how: str = "") -> dict:
     """What a section says of one problem, for the coverage table.
 
     `records`: the table rows (with `status` and `message`) whose results answer it, or None
-    where code and tests answer it. Every row skipped: "skipped", with the reasons. Otherwise
-    "answered", or "partly answered" when `missing` says what the section leaves out; rows that
-    did not end `ok` are counted in the note with their reasons.
+    where code and tests answer it (`how` says so in the note). A row that ran out of memory is
+    a result; one skipped or failed is not. No result at all: "skipped" when every row was
+    skipped (with the reasons), "failed" otherwise. Some results: "answered", or "partly
+    answered" when `missing` says what the section leaves out or some rows were skipped or
+    failed; the note counts the rows that did not end `ok`, with their reasons.
     """
-    notes = [missing] if missing else []
+    notes = [note for note in (missing, how) if note]
+    partly = bool(missing)
     if records is not None:
         if records.empty:
             return {"status": "skipped", "note": "no configuration of it in this preset",
                     "anchor": anchor}
         counts = records["status"].value_counts()
-        reasons = sorted({str(m).splitlines()[0] for m in
-                          records.loc[records["status"] == "skipped", "message"].dropna() if m})
-        if counts.get("skipped", 0) == len(records):
-            return {"status": "skipped", "note": "; ".join(reasons), "anchor": anchor}
+        results = counts.get("ok", 0) + counts.get("oom", 0)
+        reasons = {status: sorted({reason(m) for m in
+                                   records.loc[records["status"] == status, "message"]} - {""})
+                   for status in ("skipped", "error")}
+        if results == 0:
+            status = "skipped" if counts.get("skipped", 0) == len(records) else "failed"
+            return {"status": status, "anchor": anchor,
+                    "note": "; ".join(reasons["skipped"] + reasons["error"])}
         for status in ("skipped", "oom", "error"):
             if counts.get(status, 0):
-                notes.append(f"{counts[status]} of {len(records)} configurations {status}"
-                             + (f" ({'; '.join(reasons)})" if status == "skipped" else ""))
-    return {"status": "partly answered" if missing else "answered", "note": "; ".join(notes),
+                partly |= status != "oom"
+                detail = f" ({'; '.join(reasons[status])})" if reasons.get(status) else ""
+                notes.append(f"{counts[status]} of {len(records)} configurations {status}{detail}")
+    return {"status": "partly answered" if partly else "answered", "note": "; ".join(notes),
             "anchor": anchor}

@@ -40,14 +40,15 @@ def env_summary(*frames: pd.DataFrame) -> dict[str, list[str]]:
     return summary
 
 
-def write_table(frame: pd.DataFrame, csv_path: str | Path, markdown_path: str | Path | None = None,
-                markdown_frame: pd.DataFrame | None = None) -> None:
-    """CSV of the full table; markdown of `markdown_frame` (a display version) or the table."""
+def env_columns(frame: pd.DataFrame) -> list[str]:
+    """The `env_*` columns of a records table, in order."""
+    return [c for c in frame.columns if c.startswith("env_")]
+
+
+def write_table(frame: pd.DataFrame, csv_path: str | Path) -> None:
+    """The full table as CSV (the tidy data behind a section's tables)."""
     Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(csv_path, index=False)
-    if markdown_path is not None:
-        Path(markdown_path).write_text(to_markdown(markdown_frame if markdown_frame is not None
-                                                   else frame) + "\n")
 
 
 def format_number(value) -> str:

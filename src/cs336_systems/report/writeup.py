@@ -31,6 +31,8 @@ def coverage(facts: list[dict]) -> list[dict]:
     claims = {}
     for section in facts:
         for problem, claim in section.get("coverage", {}).items():
+            if problem in claims:
+                raise ValueError(f"two sections claim {problem!r}; one problem, one section")
             note = " ".join(str(claim.get("note", "")).split()).replace("|", "\\|")
             claims[problem] = {**claim, "note": note,
                                "anchor": claim.get("anchor") or problem.split(" ")[0]}

@@ -3,7 +3,9 @@
 `build(records, options, outputs)` reads the all-reduce, DDP, sharded-optimizer and
 communication-accounting records, writes their tables (CSV) and two figures, and returns the
 facts that `templates/distributed.md.j2` turns into the section: every number, ratio and
-verdict of the prose is computed here.
+verdict of the prose is computed here. `options["assignment"]` is the assignment's own matrix
+(the config's `defaults.distributed`): what of it this preset leaves out goes into the coverage
+notes.
 """
 
 from __future__ import annotations
@@ -15,18 +17,19 @@ import numpy as np
 import pandas as pd
 
 from cs336_systems.distributed.variants import DDP_VARIANTS
+from cs336_systems.experiments.torchrun import backend_for
 from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, jsonable, speedup
+from cs336_systems.report.facts import covered, jsonable, not_ok, speedup
 from cs336_systems.report.render import fmt
-from cs336_systems.report.tables import (ensure_columns, env_summary, mean_pm_std,
+from cs336_systems.report.tables import (ensure_columns, env_columns, env_summary, mean_pm_std,
                                          records_frame, to_markdown, write_table)
 
 ALLREDUCE_METRICS = ["allreduce_ms_median", "allreduce_ms_mean", "allreduce_ms_std",
                      "size_bytes", "algbw_gbps", "busbw_gbps"]
 DDP_PHASES = ["forward", "backward", "communicate", "optimizer", "step"]
 DDP_METRICS = ([f"{p}_ms_{s}" for p in DDP_PHASES for s in ("mean", "std")]
-               + ["collective_busy_ms_per_step", "gradient_bytes", "buckets", "parameters",
-                  "peak_gib", "trace_file"])
+               + ["collective_busy_ms_per_step", "profile_steps", "gradient_bytes", "buckets",
+                  "parameters", "peak_gib", "trace_file"])
 SHARDED_METRICS = ["allocated_gib_after_init", "allocated_gib_before_step",
                    "allocated_gib_after_step", "peak_gib", "parameter_gib", "gradient_gib",
                    "optimizer_state_gib", "step_ms_mean", "step_ms_std", "optimizer_ms_mean",
@@ -38,16 +41,9 @@ ACCOUNTING_METRICS = ["parameters", "master_weights_gb", "gradients_gb", "optimi
                       "max_tp_degree_compute_bound", "devices"]
 ACCOUNTING_INPUTS = ["gpu_memory_gb", "tpu_memory_gb", "mesh_multiplicity_x", "fsdp_degree_x",
                      "tp_degree_y"]
-# What the assignment asks to measure, for the coverage notes of a smaller preset.
-ASSIGNMENT_WORLD_SIZES = (2, 4, 6)
-ASSIGNMENT_SIZES_MB = (1, 10, 100, 1000)
-ASSIGNMENT_BUCKET_SIZES_MB = (1, 10, 100, 1000)
-ASSIGNMENT_DDP_SETUP = {"size": "xl", "world_size": 2, "backend": "nccl"}  # xl, 2 GPUs
 MIB = 2**20
-
-
-def _env(frame: pd.DataFrame) -> list[str]:
-    return [c for c in frame.columns if c.startswith("env_")]
+# The assignment's DDP and sharding runs are on GPUs: the backend a CUDA device gets.
+GPU_BACKEND = backend_for("cuda")
 
 
 def _number(value) -> float | None:
@@ -55,13 +51,14 @@ def _number(value) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
 
 
-def _first_line(message) -> str:
-    return str(message).strip().splitlines()[0] if pd.notna(message) and message else ""
+def _int(value) -> int | None:
+    """A plain int, or None for a missing value."""
+    return None if value is None or pd.isna(value) else int(value)
 
 
 def _sizes(values) -> str:
-    """[2, 4] -> '2 and 4'; [1, 10, 100] -> '1, 10 and 100'."""
-    items = [f"{v:g}" for v in values]
+    """[2, 4] -> '2 and 4'; [1, 10, 100] -> '1, 10 and 100'; names as they are."""
+    items = [f"{v:g}" if isinstance(v, (int, float)) else str(v) for v in values]
     return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
@@ -72,7 +69,7 @@ def allreduce_table(paths: list[str]) -> pd.DataFrame:
                            + ALLREDUCE_METRICS)
     frame = frame.sort_values(["backend", "world_size", "size_mb"], ignore_index=True)
     return frame[["backend", "world_size", "size_mb", "status", *ALLREDUCE_METRICS, "message",
-                  *_env(frame)]]
+                  *env_columns(frame)]]
 
 
 def ddp_table(paths: list[str]) -> pd.DataFrame:
@@ -82,14 +79,14 @@ def ddp_table(paths: list[str]) -> pd.DataFrame:
     frame = frame.sort_values(["variant_rank", "bucket_size_mb"], ignore_index=True)
     frame["label"] = [_label(r) for _, r in frame.iterrows()]
     return frame[["variant", "bucket_size_mb", "label", "size", "context_length", "batch_size",
-                  "world_size", "backend", "status", *DDP_METRICS, "message", *_env(frame)]]
+                  "world_size", "backend", "status", *DDP_METRICS, "message", *env_columns(frame)]]
 
 
 def sharded_table(paths: list[str]) -> pd.DataFrame:
     frame = ensure_columns(records_frame(paths), SHARDED_METRICS)
     frame = frame.sort_values("sharded", ignore_index=True)
     return frame[["sharded", "size", "context_length", "batch_size", "world_size", "backend",
-                  "status", *SHARDED_METRICS, "message", *_env(frame)]]
+                  "status", *SHARDED_METRICS, "message", *env_columns(frame)]]
 
 
 def accounting_table(paths: list[str]) -> pd.DataFrame:
@@ -120,12 +117,6 @@ def overhead_ms(s_bytes: float, buckets: int, o_ms: float, w_gbps: float) -> flo
 def _label(row) -> str:
     return (f"bucketed {row['bucket_size_mb']:g} MiB" if row["variant"] == "bucketed"
             else str(row["variant"]))
-
-
-def _not_measured(rows: pd.DataFrame, label) -> list[dict]:
-    """The runs that did not end `ok`, each with its status and first line of the reason."""
-    return [{"run": label(r), "status": r["status"], "reason": _first_line(r["message"])}
-            for _, r in rows[rows["status"] != "ok"].iterrows()]
 
 
 # --- figures -------------------------------------------------------------------------------
@@ -212,8 +203,9 @@ def allreduce_facts(table: pd.DataFrame) -> dict:
         "table": to_markdown(_allreduce_display(table)),
         "runs": runs,
         "nccl_vs_gloo": nccl_vs_gloo,
-        "not_measured": _not_measured(
-            table, lambda r: f"{r['backend']} x {r['world_size']} at {r['size_mb']:g} MB"),
+        "not_measured": not_ok(table.assign(run=[
+            f"{r['backend']} x {r['world_size']} at {r['size_mb']:g} MB"
+            for _, r in table.iterrows()]), ["run"]),
         "world_sizes": sorted(int(w) for w in set(ok["world_size"])),
         "sizes_mb": sorted(float(s) for s in set(ok["size_mb"])),
     }
@@ -226,9 +218,13 @@ def _ddp_display(table: pd.DataFrame) -> pd.DataFrame:
     for phase in DDP_PHASES:
         out[f"{phase} ms"] = [mean_pm_std(m, s) for m, s in
                               zip(table[f"{phase}_ms_mean"], table[f"{phase}_ms_std"])]
+    # n/a: the run finished but its record has no such metric
     out["collectives busy ms/step"] = [
         fmt(v, 2) if pd.notna(v) else ("n/a" if status == "ok" else "")
         for v, status in zip(table["collective_busy_ms_per_step"], table["status"])]
+    out["profiled steps"] = [
+        str(int(v)) if pd.notna(v) else ("n/a" if status == "ok" else "")
+        for v, status in zip(table["profile_steps"], table["status"])]
     out["trace"] = [v if pd.notna(v) else "" for v in table["trace_file"]]
     return out
 
@@ -254,7 +250,8 @@ def ddp_facts(table: pd.DataFrame) -> dict:
     variants = [{"label": r["label"], "variant": r["variant"], "status": r["status"],
                  "step": _step(r), "communicate": _step(r, "communicate"),
                  "backward": _step(r, "backward"),
-                 "collective_busy_ms": _number(r["collective_busy_ms_per_step"])}
+                 "collective_busy_ms": _number(r["collective_busy_ms_per_step"]),
+                 "profile_steps": _int(r["profile_steps"])}
                 for _, r in ok.iterrows()]
 
     naive_vs_flat = None
@@ -306,6 +303,7 @@ def ddp_facts(table: pd.DataFrame) -> dict:
 
     busy_missing = [r["label"] for _, r in ok.iterrows()
                     if pd.isna(r["collective_busy_ms_per_step"])]
+    steps_missing = [r["label"] for _, r in ok.iterrows() if pd.isna(r["profile_steps"])]
     return {
         "table": to_markdown(_ddp_display(table)),
         "setup": setup,
@@ -315,9 +313,13 @@ def ddp_facts(table: pd.DataFrame) -> dict:
         "overlap": overlap,
         "fastest": fastest,
         "vs_torch": vs_torch,
+        # runs whose records have no collective busy time / no count of profiled steps
         "collective_busy_missing": busy_missing,
+        # the distinct numbers of profiled steps the finished runs recorded
+        "profile_steps": sorted({int(v) for v in ok["profile_steps"].dropna()}),
+        "profile_steps_missing": steps_missing,
         "traces": [r["trace_file"] for _, r in ok.iterrows() if pd.notna(r["trace_file"])],
-        "not_measured": _not_measured(table, lambda r: r["label"]),
+        "not_measured": not_ok(table.assign(run=table["label"]), ["run"]),
     }
 
 
@@ -415,8 +417,8 @@ def _memory(row: pd.Series) -> dict:
 def sharded_facts(table: pd.DataFrame) -> dict:
     facts = {"table": to_markdown(_sharded_display(table)) if len(table) else "_(no records)_",
              "available": False,
-             "not_measured": _not_measured(
-                 table, lambda r: "sharded" if r["sharded"] else "replicated")}
+             "not_measured": not_ok(table.assign(run=[
+                 "sharded" if flag else "replicated" for flag in table["sharded"]]), ["run"])}
     ok = table[table["status"] == "ok"].set_index("sharded")
     if not {True, False} <= set(ok.index):
         return facts
@@ -457,16 +459,20 @@ def accounting_facts(table: pd.DataFrame) -> dict | None:
 
 # --- coverage ------------------------------------------------------------------------------
 
-def _setup_gap(rows: pd.DataFrame) -> str:
-    """How the runs' setup differs from the assignment's (xl on 2 GPUs, nccl), or ''."""
+def _setup_gap(rows: pd.DataFrame, assignment: dict) -> str:
+    """How the runs' setup differs from the assignment's (`assignment`: its `ddp` or
+    `sharded_optimizer` matrix: the model size on `world_size` GPUs), or ''."""
     ok = rows[rows["status"] == "ok"]
     if ok.empty:
         return ""
     first = ok.iloc[0]
-    if all(first[k] == v for k, v in ASSIGNMENT_DDP_SETUP.items()):
+    wanted = {"size": assignment["size"], "world_size": assignment["world_size"],
+              "backend": GPU_BACKEND}
+    if all(first[k] == v for k, v in wanted.items()):
         return ""
     return (f"measured with the {first['size']} model on {int(first['world_size'])} ranks "
-            f"({first['backend']}), not xl on 2 GPUs")
+            f"({first['backend']}), not {wanted['size']} on {wanted['world_size']} GPUs "
+            f"({GPU_BACKEND})")
 
 
 def _missing_values(asked, measured, sentence: str) -> str:
@@ -482,7 +488,11 @@ def _notes(*parts: str) -> str:
 
 def coverage(allreduce: pd.DataFrame, ddp: pd.DataFrame, sharded: pd.DataFrame,
              accounting: pd.DataFrame, ddp_facts_: dict, overhead: dict,
-             sharded_facts_: dict) -> dict:
+             sharded_facts_: dict, assignment: dict) -> dict:
+    """What this section answers of §5 and §6, by the assignment's problem keys; `assignment`
+    is its matrix (the config's `defaults.distributed`)."""
+    asked_allreduce, asked_ddp = assignment["allreduce"], assignment["ddp"]
+    asked_sharded = assignment["sharded_optimizer"]
     ok_allreduce = allreduce[allreduce["status"] == "ok"]
     variant = {name: ddp[ddp["variant"] == name] for name in DDP_VARIANTS}
     naive_flat = ddp[ddp["variant"].isin(["naive", "flat"])]
@@ -493,9 +503,11 @@ def coverage(allreduce: pd.DataFrame, ddp: pd.DataFrame, sharded: pd.DataFrame,
     return {
         "distributed_communication_single_node": covered(
             allreduce, anchor="distributed_communication_single_node", missing=_notes(
-                _missing_values(ASSIGNMENT_WORLD_SIZES, ok_allreduce["world_size"],
+                _missing_values(asked_allreduce["backends"], ok_allreduce["backend"],
+                                "no {} runs in this preset"),
+                _missing_values(asked_allreduce["world_sizes"], ok_allreduce["world_size"],
                                 "no runs with {} processes in this preset"),
-                _missing_values(ASSIGNMENT_SIZES_MB, ok_allreduce["size_mb"],
+                _missing_values(asked_allreduce["sizes_mb"], ok_allreduce["size_mb"],
                                 "no {} MB tensors in this preset"))),
         "naive_ddp": covered(
             variant["naive"], anchor="naive_ddp",
@@ -503,26 +515,26 @@ def coverage(allreduce: pd.DataFrame, ddp: pd.DataFrame, sharded: pd.DataFrame,
                     "test-suite (tests/test_distributed_training.py) but not reported in this "
                     "writeup"),
         "naive_ddp_benchmarking": covered(variant["naive"], anchor="naive_ddp_benchmarking",
-                                          missing=_setup_gap(variant["naive"])),
+                                          missing=_setup_gap(variant["naive"], asked_ddp)),
         "minimal_ddp_flat_benchmarking": covered(naive_flat,
                                                  anchor="minimal_ddp_flat_benchmarking",
-                                                 missing=_setup_gap(naive_flat)),
+                                                 missing=_setup_gap(naive_flat, asked_ddp)),
         "ddp_overlap_individual_parameters": covered(
             variant["overlap"], anchor="ddp_overlap_individual_parameters"),
         "ddp_overlap_individual_parameters_benchmarking": covered(
             overlap_setup, anchor="ddp_overlap_individual_parameters_benchmarking",
             missing=_notes(
-                _setup_gap(overlap_setup),
+                _setup_gap(overlap_setup, asked_ddp),
                 f"collective busy time is n/a for {len(busy)} of "
-                f"{int((ddp['status'] == 'ok').sum())} runs (their records predate it)"
+                f"{int((ddp['status'] == 'ok').sum())} runs (their records have no such metric)"
                 if busy else "",
                 "no profiler trace of the overlap variant"
                 if len(overlap_ok) and overlap_ok["trace_file"].isna().all() else "")),
         "ddp_overlap_bucketed": covered(variant["bucketed"], anchor="ddp_overlap_bucketed"),
         "ddp_bucketed_benchmarking": covered(
             variant["bucketed"], anchor="ddp_bucketed_benchmarking", missing=_notes(
-                _setup_gap(variant["bucketed"]),
-                _missing_values(ASSIGNMENT_BUCKET_SIZES_MB, ok_bucketed["bucket_size_mb"],
+                _setup_gap(variant["bucketed"], asked_ddp),
+                _missing_values(asked_ddp["bucket_sizes_mb"], ok_bucketed["bucket_size_mb"],
                                 "no {} MiB buckets in this preset"),
                 "" if overhead["available"]
                 else f"the overhead model is not checked: it needs {overhead['needs']}")),
@@ -531,7 +543,7 @@ def coverage(allreduce: pd.DataFrame, ddp: pd.DataFrame, sharded: pd.DataFrame,
                                             anchor="optimizer_state_sharding"),
         "optimizer_state_sharding_accounting": covered(
             sharded, anchor="optimizer_state_sharding_accounting", missing=_notes(
-                _setup_gap(sharded),
+                _setup_gap(sharded, asked_sharded),
                 "" if sharded_facts_["available"]
                 else "needs both the sharded and the replicated run to compare",
                 "no allocator readings (after init, before and after the step, peak) on a "
@@ -544,7 +556,8 @@ def coverage(allreduce: pd.DataFrame, ddp: pd.DataFrame, sharded: pd.DataFrame,
 # --- the section ---------------------------------------------------------------------------
 
 def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:
-    """Tables and figures at `outputs`; returns the section's facts."""
+    """Tables and figures at `outputs`; returns the section's facts. options: assignment, the
+    assignment's matrix (the config's `defaults.distributed`)."""
     allreduce = allreduce_table(records["allreduce"])
     ddp = ddp_table(records["ddp"])
     sharded = sharded_table(records["sharded"])
@@ -563,7 +576,8 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     accounting_env = accounting.drop(columns=["env_device", "env_gpu"], errors="ignore")
     return jsonable({
         "env": env_summary(allreduce, ddp, sharded, accounting_env),
-        "coverage": coverage(allreduce, ddp, sharded, accounting, ddp_f, overhead, sharded_f),
+        "coverage": coverage(allreduce, ddp, sharded, accounting, ddp_f, overhead, sharded_f,
+                             options["assignment"]),
         "allreduce": allreduce_facts(allreduce),
         "ddp": ddp_f,
         "overhead": overhead,

@@ -2,8 +2,10 @@
 facts, from the records of `cs336_systems.experiments.flash`.
 
 `build` is the section's entry point (`cs336_systems.jobs.section_tables`); its facts are
-rendered by `templates/flash.md.j2`. Speed-ups are ratios of do_bench medians (one number per
-cell, no spread), so no fact claims a difference is beyond noise.
+rendered by `templates/flash.md.j2`. `options["assignment"]` is the assignment's own matrix (the
+config's `defaults.flash`): what of it this preset leaves out goes into the coverage notes.
+Speed-ups are ratios of do_bench medians (one number per cell, no spread), so no fact claims a
+difference is beyond noise.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import pandas as pd
 
 from cs336_systems.attention import attention_label
 from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, jsonable, speedup
+from cs336_systems.report.facts import covered, jsonable, not_ok, reason, speedup
 from cs336_systems.report.render import fmt
-from cs336_systems.report.tables import (ensure_columns, env_summary, records_frame,
-                                         to_markdown, write_table)
+from cs336_systems.report.tables import (ensure_columns, env_columns, env_summary,
+                                         records_frame, to_markdown, write_table)
 
 PASSES = ["forward", "backward", "forward_backward"]
 CONFIG_COLUMNS = ["impl", "seq", "d", "dtype", "batch_size", "causal", "compile"]
@@ -27,17 +29,17 @@ SHAPE_KEYS = ["d", "dtype", "seq"]
 IMPL_ORDER = ["flash-triton", "flash-pytorch", "sdpa", "eager"]
 FLASH = "flash-triton"
 REFERENCES = ("eager", "sdpa")
-# Cells faster than this (forward+backward, ms) are dominated by launch and Python overhead.
+# A rule of thumb, not a measurement: under this (forward+backward, ms) kernel-launch and
+# Python overhead are a large share of a cell's time.
 LAUNCH_BOUND_MS = 0.2
-
-# Given by the assignment, quoted for context and never measured here: its flash_benchmarking
-# sweep, its leaderboard case and the class's best leaderboard entry (on an H100).
-ASSIGNMENT_SEQ_LENGTHS = tuple(2 ** i for i in range(7, 17))  # 128 ... 65536
-ASSIGNMENT_D_HEADS = (16, 32, 64, 128)
-ASSIGNMENT_DTYPES = ("bf16", "fp32")
-ASSIGNMENT_LEADERBOARD = {"batch_size": 16, "seq": 16384, "d": 64, "dtype": "bf16",
-                          "causal": True, "compile": True}
+# The leaderboard case's keys that the config sets (the leaderboard rule always times it
+# causal and compiled).
+LEADERBOARD_KEYS = ("batch_size", "seq", "d", "dtype")
+# The class's best leaderboard entry (on an H100): a figure the assignment quotes, never
+# measured here.
 CLASS_BEST_H100_MS = 5.364
+CODE_AND_TESTS = ("by the kernels and their tests (tests/test_kernels.py), not by a job of "
+                  "this pipeline")
 
 
 # --- tables and figures ----------------------------------------------------------------------
@@ -54,17 +56,19 @@ def build_table(record_paths: list[str]) -> pd.DataFrame:
         frame.loc[frame[f"{p}_ms"].notna(), f"{p}_status"] = "ok"
     frame["impl_rank"] = frame["impl"].map({n: i for i, n in enumerate(IMPL_ORDER)})
     frame = frame.sort_values(["d", "dtype", "seq", "impl_rank"])
-    env = [c for c in frame.columns if c.startswith("env_")]
-    return frame[CONFIG_COLUMNS + ["status"] + METRIC_COLUMNS + ["message"] + env]
+    return frame[CONFIG_COLUMNS + ["status"] + METRIC_COLUMNS + ["message"]
+                 + env_columns(frame)]
+
+
+def _pass(row: pd.Series, p: str) -> str:
+    """One pass's time in ms, or its status (`oom`, `skipped`, ...) where it has none."""
+    value = row[f"{p}_ms"]
+    return fmt(value, 3) if pd.notna(value) else str(row[f"{p}_status"])
 
 
 def _cell(row: pd.Series) -> str:
     """'fwd / bwd / fwd+bwd' in ms; a pass that did not run shows its status."""
-    parts = []
-    for p in PASSES:
-        value = row[f"{p}_ms"]
-        parts.append(fmt(value, 3) if pd.notna(value) else str(row[f"{p}_status"]))
-    return " / ".join(parts)
+    return " / ".join(_pass(row, p) for p in PASSES)
 
 
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -79,11 +83,12 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def leaderboard_display(board: pd.DataFrame) -> pd.DataFrame:
-    """One row per implementation: status and the three pass times in ms."""
+    """One row per implementation: status and the three pass times in ms; a pass that did
+    not run shows its status (`oom`: out of memory), as in the main table."""
     return pd.DataFrame({
         "implementation": board["impl"].map(attention_label),
         "status": board["status"],
-        **{f"{p.replace('_', '+')} ms": board[f"{p}_ms"].map(lambda v: fmt(v, 3))
+        **{f"{p.replace('_', '+')} ms": [_pass(r, p) for _, r in board.iterrows()]
            for p in PASSES},
     })
 
@@ -141,12 +146,6 @@ def _where(row: pd.Series) -> dict:
     return {"seq": int(row["seq"]), "d": int(row["d"]), "dtype": str(row["dtype"])}
 
 
-def _verdict(ratio: float) -> dict | None:
-    """A speed-up ratio (reference time / our time) described as `facts.speedup` describes
-    one: factor, "faster"/"slower", and no spread (medians only)."""
-    return speedup(1.0, ratio)
-
-
 def speedup_summary(table: pd.DataFrame, over: str) -> dict | None:
     """Forward+backward speed-up of FLASH over `over` across the shapes where both ran:
     median, extremes and where they occur, how many shapes FLASH wins."""
@@ -157,7 +156,8 @@ def speedup_summary(table: pd.DataFrame, over: str) -> dict | None:
     worst = s.loc[s["speedup"].idxmin()]
     median = float(s["speedup"].median())
     return {"impl": over, "label": attention_label(over), "shapes": len(s),
-            "median": median, "median_verdict": _verdict(median),
+            # the median ratio as a verdict: time 1 against reference `median`, no spread
+            "median": median, "median_verdict": speedup(1.0, median),
             "min": float(worst["speedup"]), "min_at": _where(worst),
             "max": float(best["speedup"]), "max_at": _where(best),
             "faster_shapes": int((s["speedup"] > 1).sum())}
@@ -173,19 +173,9 @@ def pass_speedups(table: pd.DataFrame, over: str) -> dict:
             "any": any(m is not None for m in medians.values())}
 
 
-def _reason(message, status: str) -> str:
-    """One line of a record's message: the first (a skip's or oom's reason) or, for an error's
-    traceback, the last (the exception)."""
-    lines = [line for line in str(message or "").splitlines() if line.strip()]
-    if not lines:
-        return ""
-    return (lines[-1] if status == "error" else lines[0]).strip()
-
-
 def _status_facts(table: pd.DataFrame, status: str) -> dict:
     rows = table[table["status"] == status]
-    return {"count": len(rows),
-            "reasons": sorted({_reason(m, status) for m in rows["message"]} - {""})}
+    return {"count": len(rows), "reasons": sorted({reason(m) for m in rows["message"]} - {""})}
 
 
 def oom_facts(table: pd.DataFrame) -> list[dict]:
@@ -221,16 +211,15 @@ def _interpreted(table: pd.DataFrame) -> bool:
     return bool("env_device" in ok and (ok["env_device"] == "cpu").any())
 
 
-def sweep_gap(table: pd.DataFrame) -> str:
-    """What of the assignment's flash_benchmarking sweep this table leaves out ('' if none)."""
+def sweep_gap(table: pd.DataFrame, assignment: dict) -> str:
+    """What of the assignment's flash_benchmarking sweep (`assignment`: the config's
+    `defaults.flash`) this table leaves out ('' if none)."""
     gaps = []
-    for name, column, wanted in (("seq", "seq", ASSIGNMENT_SEQ_LENGTHS),
-                                 ("d", "d", ASSIGNMENT_D_HEADS),
-                                 ("dtype", "dtype", ASSIGNMENT_DTYPES)):
-        absent = [v for v in wanted if v not in set(table[column].dropna().tolist())]
+    for name, key in (("seq", "seq_lengths"), ("d", "d_heads"), ("dtype", "dtypes")):
+        absent = [v for v in assignment[key] if v not in set(table[name].dropna().tolist())]
         if absent:
             gaps.append(f"{name} {', '.join(map(str, absent))}")
-    for impl in (FLASH, "eager"):
+    for impl in assignment["implementations"]:
         if impl not in set(table["impl"]):
             gaps.append(f"no {attention_label(impl)} rows")
     if not gaps:
@@ -247,19 +236,29 @@ def leaderboard_shape(board: pd.DataFrame) -> dict | None:
             "causal": bool(first["causal"]), "compile": bool(first["compile"])}
 
 
-def leaderboard_facts(board: pd.DataFrame) -> dict:
+def assignment_case(assignment: dict) -> dict:
+    """The assignment's leaderboard case (batch, seq, d, dtype), from its matrix."""
+    return {key: assignment["leaderboard"][key] for key in LEADERBOARD_KEYS}
+
+
+def is_assignment_case(shape: dict | None, assignment: dict) -> bool:
+    """Whether the timed case is the assignment's (the rule always times it causal, compiled)."""
+    return shape is not None and all(shape[k] == v for k, v in assignment_case(assignment).items())
+
+
+def leaderboard_facts(board: pd.DataFrame, assignment: dict) -> dict:
     """The leaderboard case: its table, shape, Triton and SDPA times, their ratio, and Triton's
     time against the class's best entry (only where the shape is the assignment's)."""
     shape = leaderboard_shape(board)
     ok = board.dropna(subset=["forward_backward_ms"]).set_index("impl")["forward_backward_ms"]
     triton_ms = float(ok[FLASH]) if FLASH in ok.index else None
     sdpa_ms = float(ok["sdpa"]) if "sdpa" in ok.index else None
-    assignment_shape = shape == ASSIGNMENT_LEADERBOARD
+    assignment_shape = is_assignment_case(shape, assignment)
     return {
         "table": to_markdown(leaderboard_display(board)),
         "rows": len(board),
         "shape": shape,
-        "assignment_shape": ASSIGNMENT_LEADERBOARD,
+        "assignment_shape": assignment_case(assignment),
         "is_assignment_shape": assignment_shape,
         "do_bench": _ran_with_do_bench(board),
         "triton_ms": triton_ms,
@@ -269,26 +268,26 @@ def leaderboard_facts(board: pd.DataFrame) -> dict:
         "class_best_ms": CLASS_BEST_H100_MS,
         # ratio = class best / Triton time; only meaningful on the assignment's shape
         "vs_class_best": speedup(triton_ms, CLASS_BEST_H100_MS) if assignment_shape else None,
-        "not_ok": [{"impl": r["impl"], "label": attention_label(r["impl"]),
-                    "status": r["status"], "reason": _reason(r["message"], r["status"])}
-                   for _, r in board[board["status"] != "ok"].iterrows()],
+        "not_ok": [{**r, "label": attention_label(r["impl"])}
+                   for r in not_ok(board, ["impl"])],
     }
 
 
-def coverage(table: pd.DataFrame, board: pd.DataFrame) -> dict[str, dict]:
+def coverage(table: pd.DataFrame, board: pd.DataFrame, assignment: dict) -> dict[str, dict]:
     """What this section answers of §4, by the assignment's problem keys."""
     shape = leaderboard_shape(board)
     gaps = []
-    if shape is not None and shape != ASSIGNMENT_LEADERBOARD:
+    if shape is not None and not is_assignment_case(shape, assignment):
         gaps.append(f"this preset times ({shape['batch_size']}, {shape['seq']}, {shape['d']}) "
                     f"{shape['dtype']}, not the assignment's case")
-    if not board.empty and FLASH not in set(board["impl"]):
-        gaps.append(f"no {attention_label(FLASH)} entry")
+    if not board.empty:
+        gaps += [f"no {attention_label(impl)} entry"
+                 for impl in assignment["leaderboard"]["implementations"]
+                 if impl not in set(board["impl"])]
     return {
-        "weighted_sum": covered(None, anchor="weighted_sum"),
-        "flash_forward": covered(None, anchor="flash_forward"),
-        "flash_backward": covered(None, anchor="flash_backward"),
-        "flash_benchmarking": covered(table, missing=sweep_gap(table),
+        **{key: covered(None, how=CODE_AND_TESTS, anchor=key)
+           for key in ("weighted_sum", "flash_forward", "flash_backward")},
+        "flash_benchmarking": covered(table, missing=sweep_gap(table, assignment),
                                       anchor="flash_benchmarking"),
         "leaderboard (2025)": covered(board, missing="; ".join(gaps), anchor="leaderboard_2025"),
     }
@@ -296,7 +295,9 @@ def coverage(table: pd.DataFrame, board: pd.DataFrame) -> dict[str, dict]:
 
 def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:
     """Write the flash table, the leaderboard table and both figures to `outputs`; return the
-    section's facts."""
+    section's facts. options: assignment, the assignment's matrix (the config's
+    `defaults.flash`)."""
+    assignment = options["assignment"]
     table = build_table(records["records"])
     board = build_table(records["leaderboard"])
     write_table(table, outputs["table"])
@@ -307,7 +308,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     timed = table.dropna(subset=["forward_backward_ms"])
     return {
         "env": env_summary(table, board),
-        "coverage": coverage(table, board),
+        "coverage": coverage(table, board, assignment),
         "flash_label": attention_label(FLASH),
         "batch_size": _only(table["batch_size"]),
         "causal": _only(table["causal"]),
@@ -326,5 +327,5 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "errors": _status_facts(table, "error"),
         "latency_figure": outputs["latency_figure"],
         "speedup_figure": outputs["speedup_figure"],
-        "leaderboard": leaderboard_facts(board),
+        "leaderboard": leaderboard_facts(board, assignment),
     }
