@@ -112,6 +112,19 @@ def _cross_checks(config: dict[str, Any]) -> list[str]:
                 problems.append(
                     f"config key 'presets.{name}.benchmark': context length {context} is "
                     f"longer than size {size!r} supports (at most {longest})")
+        compiled = preset_config["attention"]["model_compile"]
+        for size in compiled["sizes"]:
+            longest = MODEL_SIZES[size].max_context_length
+            if compiled["context_length"] > longest:
+                problems.append(
+                    f"config key 'presets.{name}.attention.model_compile.context_length': "
+                    f"{compiled['context_length']} is longer than size {size!r} supports "
+                    f"(at most {longest})")
+        if bench["warmup_steps"] < 1:
+            problems.append(
+                f"config key 'presets.{name}.benchmark.warmup_steps': the compiled model runs "
+                "at the benchmark's warm-up, which must be at least 1 so that compilation is "
+                "not timed")
         dist = preset_config["distributed"]
         for part in ("ddp", "sharded_optimizer"):
             c = dist[part]

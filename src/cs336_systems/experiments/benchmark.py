@@ -2,6 +2,9 @@
 
     python -m cs336_systems.experiments.benchmark --size small --context-length 128 \
         --mode train-step --precision bf16 --warmup-steps 5 --measure-steps 10 --output r.json
+
+With --compile the model is `torch.compile`d (torch_compile (b), assignment 3.2): the first
+warm-up step then includes the compilation.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ def measure(config: dict, device: torch.device) -> dict:
     torch.manual_seed(config["seed"])
     model = build_model(config["size"], config["context_length"],
                         attention=config["attention"], device=device)
+    if config["compile"]:  # compiled on the first (warm-up) step: step_warmup_ms_samples[0]
+        model = torch.compile(model)
     token_ids, targets = random_batch(config["batch_size"], config["context_length"], device,
                                       config["seed"])
     shape = token_ids.shape
@@ -49,6 +54,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--measure-steps", type=positive_int, default=10)
     parser.add_argument("--batch-size", type=positive_int, default=4)
     parser.add_argument("--attention", default="eager", choices=list(ATTENTION_IMPLEMENTATIONS))
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                        help="torch.compile the whole model (torch_compile, assignment 3.2)")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     max_context = MODEL_SIZES[args.size].max_context_length
