@@ -57,5 +57,7 @@ def cap(device: torch.device | str, gib: float) -> float:
         raise Skip(f"a memory cap of {gib:g} GiB needs a CUDA device; this job runs on "
                    f"{torch.device(device).type}")
     fraction = min(1.0, gib / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    index = torch.device(device).index
+    torch.cuda.set_per_process_memory_fraction(
+        fraction, torch.cuda.current_device() if index is None else index)
     return fraction

@@ -45,6 +45,7 @@ def measure(config: dict, device: torch.device) -> dict:
     state: dict = {}
 
     def forward():
+        state.pop("out", None)  # free the last call's graph first: one graph alive at a time
         state["out"] = attend(q, k, v, config["causal"])
 
     def backward():
