@@ -67,3 +67,10 @@ def test_an_out_of_memory_in_backward_keeps_the_forward_timings(tmp_path, monkey
     assert len(record["metrics"]["forward_ms_samples"]) == 3
     assert record["message"] == ("out of memory in the backward pass: CUDA out of memory. "
                                  "Tried to allocate 8.00 GiB")
+
+
+def test_compiling_without_warmup_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        experiment.main(["--d", "16", "--seq", "32", "--compile", "--warmup", "0",
+                         "--output", str(tmp_path / "r.json")])
+    assert "--compile needs --warmup of at least 1" in capsys.readouterr().err

@@ -22,7 +22,7 @@ import torch
 from cs336_systems.attention import get_attention
 from cs336_systems.experiments.cli import add_common_arguments, non_negative_int, positive_int
 from cs336_systems.memory import allocated_gib, cap, device_gib, peak_gib, reset_peak
-from cs336_systems.records import OutOfMemoryIn, run_and_record
+from cs336_systems.records import OutOfMemoryIn, is_out_of_memory, run_and_record
 from cs336_systems.timing import time_phases
 
 
@@ -56,7 +56,9 @@ def measure(config: dict, device: torch.device) -> dict:
         def run():
             try:
                 fn()
-            except torch.OutOfMemoryError as error:
+            except Exception as error:  # also Dynamo's wrapper around an OOM while compiling
+                if not is_out_of_memory(error) or isinstance(error, OutOfMemoryIn):
+                    raise
                 state.clear()
                 raise OutOfMemoryIn(name, metrics, error) from error
         return name, run
@@ -97,6 +99,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="let this process use at most this much GPU memory")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
+    if args.compile and args.warmup < 1:
+        parser.error("--compile needs --warmup of at least 1, or compilation lands in the timings")
     if args.memory_cap_gib is not None and args.memory_cap_gib <= 0:
         parser.error(f"--memory-cap-gib must be positive, got {args.memory_cap_gib}")
     config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}

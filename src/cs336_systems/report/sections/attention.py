@@ -109,7 +109,8 @@ def eager_attention_bytes(batch: int, seq: int, d: int, dtype_bytes: int = FP32_
     - forward: the scaled scores and the softmax output P live together (the unscaled product
       is freed once divided); the output
     - saved for backward: q, k (for q k^T), P (softmax saves its output, P v saves P) and v
-    - backward: dP = dO v^T and dS = softmax'(dP) beside the saved P; dq, dk, dv
+    - backward: dP = dO v^T beside the saved P; softmax's backward then holds dP * P (a
+      temporary) and dS = P (dP - sum(dP * P)) at once; dq, dk, dv
     """
     scores = batch * seq * seq * dtype_bytes
     vector = batch * seq * d * dtype_bytes
@@ -123,7 +124,9 @@ def eager_attention_bytes(batch: int, seq: int, d: int, dtype_bytes: int = FP32_
     }
     parts["before_backward"] = parts["inputs"] + parts["output"] + parts["softmax_output"]
     parts["forward_peak"] = parts["inputs"] + parts["scores"] + parts["softmax_output"] + vector
-    parts["backward_peak"] = parts["inputs"] + parts["softmax_output"] + parts["gradients"]
+    # P, dP, the temporary dP * P and dS live together inside softmax's backward
+    parts["backward_peak"] = (parts["inputs"] + parts["softmax_output"] + parts["gradients"]
+                              + scores)
     parts["peak"] = max(parts["forward_peak"], parts["backward_peak"])
     return parts
 
@@ -175,6 +178,23 @@ def accounting_facts(eager: pd.DataFrame) -> dict | None:
             "parts_gib": {k: v / GIB for k, v in parts.items()}, "check": check}
 
 
+def oom_facts(table: pd.DataFrame) -> list[dict]:
+    """Each out-of-memory, with the peak the same configuration reached uncapped: a peak under
+    the cap means the allocator's fragmentation, not the tensors, ran out."""
+    uncapped = table[table["memory_cap_gib"].isna() & (table["status"] == "ok")]
+    peaks = uncapped.set_index(["variant", "d", "seq"])["peak_gib"]
+    out = []
+    for _, r in table[table["status"] == "oom"].iterrows():
+        peak = peaks.get((r["variant"], r["d"], r["seq"]))
+        out.append({"cap": r["cap"], "cap_gib": r["memory_cap_gib"], "variant": r["variant"],
+                    "d": r["d"], "seq": r["seq"],
+                    "pass": r["oom_pass"] if pd.notna(r["oom_pass"]) else None,
+                    "uncapped_peak_gib": peak,
+                    "under_cap": bool(peak is not None and pd.notna(r["memory_cap_gib"])
+                                      and peak < r["memory_cap_gib"])})
+    return out
+
+
 def flash_memory_facts(flash: pd.DataFrame) -> dict | None:
     """From the flash section's table: how peak memory grows with sequence length for our
     FlashAttention-2 against plain PyTorch attention, and their ratio at the longest sequence
@@ -182,24 +202,28 @@ def flash_memory_facts(flash: pd.DataFrame) -> dict | None:
     if flash.empty or "peak_gib" not in flash or flash["peak_gib"].isna().all():
         return None
     ok = flash[(flash["status"] == "ok") & flash["peak_gib"].notna()]
-    out = {"batch_size": ok["batch_size"].iloc[0] if len(ok) else None, "rows": []}
+    out = {"batch_size": ok["batch_size"].iloc[0] if len(ok) else None,
+           "causal": bool(ok["causal"].iloc[0]) if len(ok) else None, "rows": []}
     for (d, dtype), group in ok.groupby(["d", "dtype"]):
-        impls = {impl: g.sort_values("seq") for impl, g in group.groupby("impl")}
+        impls = {impl: g.sort_values("seq").set_index("seq")["peak_gib"]
+                 for impl, g in group.groupby("impl")}
         if not {"flash-triton", "eager"} <= set(impls):
             continue
-        both = sorted(set(impls["flash-triton"]["seq"]) & set(impls["eager"]["seq"]))
-        if not both:
+        both = sorted(set(impls["flash-triton"].index) & set(impls["eager"].index))
+        if len(both) < 2:
             continue
+        # what does not grow with the sequence (the benchmark's own buffers): the flash peak
+        # at the shortest sequence; the rest is what attention itself holds
+        baseline = impls["flash-triton"][both[0]]
         longest = both[-1]
-        peak = {i: impls[i].set_index("seq").loc[longest, "peak_gib"] for i in impls}
+        flash_extra = impls["flash-triton"][longest] - baseline
+        eager_extra = impls["eager"][longest] - baseline
         out["rows"].append({
-            "d": d, "dtype": dtype, "seq": longest,
-            "flash_gib": peak["flash-triton"], "eager_gib": peak["eager"],
-            "eager_over_flash": peak["eager"] / peak["flash-triton"],
-            "flash_exponent": loglog_slope(impls["flash-triton"]["seq"].tail(3),
-                                           impls["flash-triton"]["peak_gib"].tail(3)),
-            "eager_exponent": loglog_slope(impls["eager"]["seq"].tail(3),
-                                           impls["eager"]["peak_gib"].tail(3))})
+            "d": d, "dtype": dtype, "seq": longest, "shortest_seq": both[0],
+            "baseline_gib": baseline, "flash_gib": impls["flash-triton"][longest],
+            "eager_gib": impls["eager"][longest], "flash_extra_gib": flash_extra,
+            "eager_extra_gib": eager_extra,
+            "eager_over_flash": eager_extra / flash_extra if flash_extra > 0 else None})
     out["flash_label"] = attention_label("flash-triton")
     return out if out["rows"] else None
 
@@ -231,6 +255,8 @@ def memory_figure(table: pd.DataFrame, path: str) -> None:
 def compile_facts(table: pd.DataFrame) -> dict | None:
     """torch_compile (a): compiled against eager attention per shape, forward and backward."""
     ok = table[table["status"] == "ok"]
+    first_cap = table["cap"].iloc[0] if len(table) else None  # uncapped where it ran
+    ok = ok[ok["cap"] == first_cap]  # a shape once: the capped runs repeat the same work
     pairs = {}
     for (cap, d, seq), group in ok.groupby(["cap", "d", "seq"]):
         by = group.set_index("variant")
@@ -238,7 +264,7 @@ def compile_facts(table: pd.DataFrame) -> dict | None:
             pairs[(cap, d, seq)] = by
     if not pairs:
         return None
-    out = {}
+    out = {"cap": first_cap}
     for p in PASSES:
         s = [speedup(by.loc["compiled", f"{p}_ms_mean"], by.loc["eager", f"{p}_ms_mean"],
                      by.loc["compiled", f"{p}_ms_std"], by.loc["eager", f"{p}_ms_std"])
@@ -256,8 +282,8 @@ def compile_facts(table: pd.DataFrame) -> dict | None:
                        for by in pairs.values()])
     startup = pd.Series([first(by.loc["eager"]) for by in pairs.values()])
     out["compile_ms"] = {"median": extra.median(), "min": extra.min(), "max": extra.max(),
-                         "startup_median": startup.median(), "startup_std": startup.std(),
-                         # not resolved when it is smaller than how much start-up itself varies
+                         "eager_first_median": startup.median(), "eager_first_std": startup.std(),
+                         # not resolved when it is smaller than how much eager's first calls vary
                          "resolved": bool(abs(extra.median()) > startup.std())}
     return out
 
@@ -335,9 +361,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "on_cuda": bool("env_device" in table and (table["env_device"] == "cuda").any()),
         "tables": [{"cap": cap, "table": to_markdown(display_table(group))}
                    for cap, group in table.groupby("cap", sort=False)],
-        "oom": [{"cap": r["cap"], "variant": r["variant"], "d": r["d"], "seq": r["seq"],
-                 "pass": r["oom_pass"]}
-                for _, r in table[table["status"] == "oom"].iterrows()],
+        "oom": oom_facts(table),
         "failures": [f for f in not_ok(table, ["variant", "d", "seq", "cap"])
                      if f["status"] != "oom"],
         "accounting": accounting_facts(eager),
