@@ -32,6 +32,7 @@ for section in SECTIONS:  # one rules file per section, in writeup order
 
 
 include: "workflow/rules/report.smk"
+include: "workflow/rules/archive.smk"
 
 
 rule all:

@@ -234,3 +234,54 @@ def test_a_cuda_job_on_a_cpu_machine_records_skipped(smoke_run):
     result = json.loads((smoke_run / record).read_text())
     assert result["status"] == "skipped"
     assert result["message"] == "CUDA was requested but no CUDA device is available on this machine"
+
+
+@pytest.fixture(scope="module")
+def smoke_archive(smoke_run) -> Path:
+    snakemake(smoke_run, "--cores", "1", "archive")
+    return smoke_run / "archives/smoke.tar.gz"
+
+
+def test_the_archive_holds_results_writeup_config_and_manifest(smoke_archive):
+    import tarfile
+
+    with tarfile.open(smoke_archive) as tar:
+        names = set(tar.getnames())
+        manifest = json.loads(tar.extractfile("manifest.json").read())
+        config = yaml.safe_load(tar.extractfile("config.resolved.yaml").read())
+    assert {"report/writeup.md", "results/smoke/tables/benchmark.csv",
+            "results/smoke/sections/attention.json", "results/smoke/figures/flash_speedup.png",
+            "results/smoke/benchmark/tiny_ctx16_forward_fp32_warmup1.json"} <= names
+    assert not any(n.endswith(".trace.json.gz") for n in names)  # heavy: only when asked
+    assert manifest["preset"] == "smoke" and manifest["git_commit"] == "test-copy"
+    assert manifest["gpus"] == [] and "torch" in manifest["packages"]
+    assert config["preset"] == "smoke" and config["benchmark"]["sizes"] == ["tiny"]
+
+
+def test_an_archive_rerenders_to_the_same_writeup_without_measuring(smoke_archive, tmp_path):
+    import tarfile
+
+    fresh = tmp_path / "fresh"
+    shutil.copytree(ROOT, fresh, ignore=_ignore)
+    env = {**os.environ, "CS336_GIT_COMMIT": "test-copy"}
+    run = subprocess.run([sys.executable, "-m", "cs336_systems.archive", "rerender",
+                          str(smoke_archive)], cwd=fresh, env=env, check=True,
+                         capture_output=True, text=True, timeout=600)
+    with tarfile.open(smoke_archive) as tar:
+        archived = tar.extractfile("report/writeup.md").read().decode()
+    assert (fresh / "report/writeup.md").read_text() == archived
+    ran = set(re.findall(r"^(?:local)?rule (\w+):", run.stdout + run.stderr, re.M))
+    assert ran == {"benchmark_tables", "attention_tables", "flash_tables", "distributed_tables",
+                   "section_markdown", "writeup"}  # every report rule, and nothing that measures
+
+
+def test_the_html_report_shows_every_section(smoke_run):
+    snakemake(smoke_run, "--report", "report/report.html")
+    html = (smoke_run / "report/report.html").read_text()
+    figures = sorted((smoke_run / "results/smoke/figures").glob("*.png"))
+    assert len(figures) >= 7
+    for figure in figures:
+        assert figure.name in html, figure.name
+    for category in ("1.1 benchmarking_script", "3 Attention and torch.compile",
+                     "4 FlashAttention-2", "5 Distributed data parallel", "Writeup"):
+        assert category in html, category

@@ -5,6 +5,7 @@
     section_tables   a section's report module on its records -> tables, figures, facts JSON
     section_markdown a section's facts through its template -> results/<preset>/sections/<s>.md
     writeup          header, coverage table and the sections in order -> report/writeup.md
+    archive          the preset's results, writeup, config and manifest -> one tarball
 
 Each job sends everything it prints, its children's output included, to its `log:` file.
 Imports are inside the functions, so an experiment job loads no report code and vice versa
@@ -107,3 +108,13 @@ def writeup(job) -> None:
         render_writeup(sections=list(job.input.sections), facts=list(job.input.facts),
                        template=job.input.template, output=job.output[0],
                        preset=job.params.preset)
+
+
+def archive(job) -> None:
+    from cs336_systems.archive import write_archive
+
+    with log_to(job.log[0]):
+        names = write_archive(job.params.results_dir, job.input.writeup, job.output[0],
+                              job.params.preset, dict(job.params.preset_config),
+                              heavy=job.params.heavy)
+        print(f"{len(names)} files -> {job.output[0]}")

@@ -1,0 +1,22 @@
+# `snakemake --cores 1 archive`: the preset's results, the writeup, the resolved config and an
+# environment manifest in one tarball, archives/<preset>.tar.gz (cs336_systems.archive). Heavy
+# artifacts (traces, snapshots) go in with `--config archive_heavy=true`.
+
+
+rule archive:
+    input:
+        writeup="report/writeup.md",
+        facts=[facts(section) for section in SECTIONS],
+        code=sources("cs336_systems.archive"),
+    output:
+        f"archives/{PRESET}.tar.gz",
+    log:
+        f"{LOGS}/archive.log",
+    params:
+        job="archive",
+        preset=PRESET,
+        preset_config=P,
+        results_dir=lambda wildcards, input: str(Path(input.facts[0]).parent.parent),
+        heavy=config.get("archive_heavy", False),
+    script:
+        JOB_SCRIPT
