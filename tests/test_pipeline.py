@@ -239,7 +239,7 @@ def test_a_cuda_job_on_a_cpu_machine_records_skipped(smoke_run):
 @pytest.fixture(scope="module")
 def smoke_archive(smoke_run) -> Path:
     snakemake(smoke_run, "--cores", "1", "archive")
-    return smoke_run / "archives/smoke.tar.gz"
+    return smoke_run / "results/smoke.tar.gz"
 
 
 def test_the_archive_holds_results_writeup_config_and_manifest(smoke_archive):

@@ -1,7 +1,7 @@
 """One tarball of a preset's results, for grading: records, tables, figures, sections, logs, the
 writeup, the resolved config and a manifest of the environment.
 
-    archives/<preset>.tar.gz
+    results/<preset>.tar.gz
         results/<preset>/...        everything but heavy artifacts (traces, snapshots), unless
                                     asked for (config `archive_heavy: true`)
         report/writeup.md

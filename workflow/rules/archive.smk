@@ -1,5 +1,5 @@
 # `snakemake --cores 1 archive`: the preset's results, the writeup, the resolved config and an
-# environment manifest in one tarball, archives/<preset>.tar.gz (cs336_systems.archive). Heavy
+# environment manifest in one tarball, results/<preset>.tar.gz (cs336_systems.archive). Heavy
 # artifacts (traces, snapshots) go in with `--config archive_heavy=true`.
 
 
@@ -9,7 +9,7 @@ rule archive:
         facts=[facts(section) for section in SECTIONS],
         code=sources("cs336_systems.archive"),
     output:
-        f"archives/{PRESET}.tar.gz",
+        f"results/{PRESET}.tar.gz",
     log:
         f"{LOGS}/archive.log",
     params:
