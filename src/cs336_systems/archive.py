@@ -29,7 +29,7 @@ import yaml
 
 from cs336_systems.records import git_commit
 
-HEAVY_SUFFIXES = (".trace.json.gz", ".pickle.gz", ".snapshot.gz")
+HEAVY_SUFFIXES = (".trace.json.gz", ".nsys-rep", ".pickle.gz", ".snapshot.gz")
 
 
 def gpus() -> list[dict]:

@@ -16,6 +16,7 @@ from typing import Callable, Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.profiler import record_function
 
 
 class AttentionFn(Protocol):
@@ -31,6 +32,36 @@ def eager_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) ->
         mask = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
+
+
+# The ranges `annotated` marks inside attention (nsys_profile (e)), in the order they run.
+ATTENTION_PARTS = ("attention.scores", "attention.softmax", "attention.output")
+
+
+def annotated_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    """`eager_attention` with each part in a profiler range (`record_function`, which is also an
+    NVTX range under `torch.autograd.profiler.emit_nvtx`): the score matmul with its scaling
+    and mask, the softmax, and the final matmul."""
+    scores_range, softmax_range, output_range = ATTENTION_PARTS
+    with record_function(scores_range):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., seq_q, seq_k)
+        if is_causal:
+            seq_q, seq_k = scores.shape[-2:]
+            mask = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+    with record_function(softmax_range):
+        probabilities = torch.softmax(scores, dim=-1)
+    with record_function(output_range):
+        return probabilities @ v
+
+
+def attention_part_flops(batch_heads: int, seq: int, d_head: int) -> dict[str, int]:
+    """FLOPs of each part of `annotated_attention` for `batch_heads` (batch x heads) score
+    matrices of seq x seq: 2 per multiply-add for the two matmuls; for the softmax, 5 per score
+    (max, subtract, exp, sum, divide), the count the handout's FLOP comparison uses."""
+    scores = batch_heads * seq * seq
+    return {"attention.scores": 2 * scores * d_head, "attention.softmax": 5 * scores,
+            "attention.output": 2 * scores * d_head}
 
 
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
@@ -76,6 +107,7 @@ class Attention:
 
 ATTENTION_IMPLEMENTATIONS: dict[str, Attention] = {
     "eager": Attention(eager_attention, "plain PyTorch"),
+    "annotated": Attention(annotated_attention, "plain PyTorch, profiler ranges"),
     "sdpa": Attention(sdpa_attention, "torch SDPA"),
     "flash-triton": Attention(flash_triton_attention, "Triton FA2",
                               "cs336_systems.kernels.flash_triton"),

@@ -2,18 +2,24 @@
 
     phases = lm_step_phases(model, token_ids, targets, "train-step", "bf16", optimizer)
     times = time_phases(phases, device, warmup_steps, measure_steps)
+
+Each part of a step runs inside a profiler range named in `STEP_RANGES` (`record_function`:
+free unless a profiler is recording; NVTX ranges under `torch.autograd.profiler.emit_nvtx`).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from cs336_systems.loss import cross_entropy
 from cs336_systems.model import VOCAB_SIZE
 from cs336_systems.timing import Phase, autocast_context
 
 MODES = ("forward", "forward-backward", "train-step")
+# The profiler ranges of a step, in the order they run (nsys_profile).
+STEP_RANGES = ("forward", "loss", "backward", "optimizer")
 
 
 def random_batch(batch_size: int, context_length: int, device: torch.device, seed: int,
@@ -44,16 +50,20 @@ def lm_step_phases(model: nn.Module, token_ids: torch.Tensor, targets: torch.Ten
 
     if mode == "forward":
         def forward():
-            with torch.no_grad(), autocast_context(device, precision):
+            with torch.no_grad(), autocast_context(device, precision), record_function("forward"):
                 model(token_ids)
         return [("forward", forward)]
 
     def forward_loss():
         with autocast_context(device, precision):
-            state["loss"] = cross_entropy(model(token_ids), targets)
+            with record_function("forward"):
+                logits = model(token_ids)
+            with record_function("loss"):
+                state["loss"] = cross_entropy(logits, targets)
 
     def backward():
-        state.pop("loss").backward()
+        with record_function("backward"):
+            state.pop("loss").backward()
 
     if mode == "forward-backward":
         def backward_and_clear():
@@ -65,7 +75,9 @@ def lm_step_phases(model: nn.Module, token_ids: torch.Tensor, targets: torch.Ten
         raise ValueError("mode 'train-step' needs an optimizer")
 
     def optimizer_step():
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        with record_function("optimizer"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
     return [("forward", forward_loss), ("backward", backward), ("optimizer", optimizer_step)]
+

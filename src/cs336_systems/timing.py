@@ -72,10 +72,13 @@ def summarize(samples_ms: Sequence[float]) -> dict[str, float]:
 
 
 def time_phases(phases: Sequence[Phase], device: torch.device | str, warmup_steps: int,
-                measure_steps: int, total_name: str | None = "step") -> StepTimes:
+                measure_steps: int, total_name: str | None = "step",
+                after_step: Callable[[], object] | None = None) -> StepTimes:
     """Run the phases in order `warmup_steps + measure_steps` times, timing each one.
 
-    With `total_name`, each step's phase times are also summed under that name.
+    With `total_name`, each step's phase times are also summed under that name. `after_step`
+    runs after every step, outside the timings (a profiler's `step()`, which advances its
+    schedule).
     """
     if warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
@@ -95,6 +98,8 @@ def time_phases(phases: Sequence[Phase], device: torch.device | str, warmup_step
             total += elapsed_ms
         if total_name:
             bucket.setdefault(total_name, []).append(total)
+        if after_step is not None:
+            after_step()
         log.info("step %d/%d (%s): %s", step + 1, warmup_steps + measure_steps,
                  "warm-up" if step < warmup_steps else "measured",
                  ", ".join(f"{name} {bucket[name][-1]:.2f} ms" for name, _ in phases))

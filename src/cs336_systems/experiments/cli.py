@@ -24,3 +24,4 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto (cuda if available, else cpu), cpu, cuda or cuda:N")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", required=True, help="path of the JSON record to write")
+
