@@ -103,18 +103,38 @@ def test_writeup_opens_with_every_problem_and_its_status(smoke_run):
             assert f'<a id="{link.group(1)}"></a>' in text, row
         else:
             assert "| skipped |" in row or "| not implemented yet |" in row, row
-    assert "| `nsys_profile` | 1.2 | both | not implemented yet |" in text
+    assert "| `memory_profiling` | 1.5 | both | not implemented yet |" in text
+    assert re.search(r"\| \[`nsys_profile`\]\(#nsys_profile\) \| 1.2 \| both "
+                     r"\| partly answered \| not in this preset: sizes small, 2.7b", text)
     assert re.search(r"\| \[`benchmarking_script`\]\(#benchmarking_script\) \| 1.1 \| both "
                      r"\| partly answered \| not in this preset: sizes small, ", text)
+
+
+def test_writeup_holds_every_mixed_precision_table(smoke_run):
+    text = (smoke_run / "report/writeup.md").read_text()
+    section = text[text.index("## 1.3–1.4 Mixed precision"):]
+    section = section[:section.index("\n## ")]
+    loops = [line for line in section.splitlines() if re.match(r"^\| fp(16|32) \+= ", line)]
+    assert len(loops) == 4 and "| fp16 += fp16              | 9.953125 " in section
+    assert re.search(r"^\| LayerNorm output +\| \w+ +\| \w+ +\|$", section, re.M)  # fp16, bf16
+    layernorm = [line for line in section.splitlines()
+                 if re.match(r"^\| (fp16|bf16|fp32) +\| (one|two)-pass|^\| \w+ +\| F.layer_norm",
+                             line)]
+    assert len(layernorm) == 2 * (4 + 4 + 3)  # two offsets; no fp32 upcast of fp32
+    speedups = [line for line in section.splitlines() if re.match(r"^\| tiny .*x", line)]
+    assert len(speedups) == 6  # 2 contexts x 3 modes
+    assert "These timings are from a CPU" in " ".join(section.split())
+    assert re.search(r"\| \[`mixed_precision_accumulation`\]\(#mixed_precision_accumulation\) "
+                     r"\| 1.3 \| both \| answered \|", text)
 
 
 def test_no_smoke_record_is_an_error(smoke_run):
     records = [json.loads(p.read_text()) for p in (smoke_run / "results/smoke").rglob("*.json")
                if "sections" not in p.parts]
     records = [r for r in records if "status" in r]
-    assert {r["section"] for r in records} == {"benchmark", "attention", "flash", "allreduce",
-                                               "ddp", "sharded_optimizer",
-                                               "communication_accounting"}
+    assert {r["section"] for r in records} == {"benchmark", "profile", "mixed_precision",
+                                               "attention", "flash", "allreduce", "ddp",
+                                               "sharded_optimizer", "communication_accounting"}
     errors = [(r["section"], r["config"], r.get("message", "")) for r in records
               if r["status"] == "error"]
     assert not errors, errors
@@ -167,8 +187,10 @@ def test_editing_the_model_redoes_the_benchmarks(smoke_run):
     with _edited(smoke_run / "src/cs336_systems/model.py"):
         # every job that builds the LM, and nothing of the attention or all-reduce benchmarks
         assert stale_rules(smoke_run) == {"benchmark", "benchmark_tables", "benchmark_compiled",
+                                          "profile", "profile_tables",
                                           "attention_tables", "ddp", "sharded_optimizer",
-                                          "distributed_tables", "section_markdown", "writeup"}
+                                          "distributed_tables", "mixed_precision_tables",
+                                          "section_markdown", "writeup"}
 
 
 def _smoke_preset(workdir: Path) -> dict:
@@ -271,8 +293,10 @@ def test_an_archive_rerenders_to_the_same_writeup_without_measuring(smoke_archiv
         archived = tar.extractfile("report/writeup.md").read().decode()
     assert (fresh / "report/writeup.md").read_text() == archived
     ran = set(re.findall(r"^(?:local)?rule (\w+):", run.stdout + run.stderr, re.M))
-    assert ran == {"benchmark_tables", "attention_tables", "flash_tables", "distributed_tables",
-                   "section_markdown", "writeup"}  # every report rule, and nothing that measures
+    from cs336_systems.report.sections import SECTIONS
+
+    # every report rule, and nothing that measures
+    assert ran == {f"{section}_tables" for section in SECTIONS} | {"section_markdown", "writeup"}
 
 
 def test_the_html_report_shows_every_section(smoke_run):
@@ -282,6 +306,7 @@ def test_the_html_report_shows_every_section(smoke_run):
     assert len(figures) >= 7
     for figure in figures:
         assert figure.name in html, figure.name
-    for category in ("1.1 benchmarking_script", "3 Attention and torch.compile",
+    for category in ("1.1 benchmarking_script", "1.3-1.4 mixed precision",
+                     "3 Attention and torch.compile",
                      "4 FlashAttention-2", "5 Distributed data parallel", "Writeup"):
         assert category in html, category

@@ -9,7 +9,7 @@ import yaml
 from cs336_systems.attention import ATTENTION_IMPLEMENTATIONS, attention_label, get_attention
 from cs336_systems.distributed.launch import BACKENDS
 from cs336_systems.distributed.variants import DDP_VARIANTS
-from cs336_systems.experiments import allreduce, benchmark, ddp, flash
+from cs336_systems.experiments import allreduce, benchmark, ddp, flash, mixed_precision, profile
 from cs336_systems.lm_step import MODES
 from cs336_systems.model import MODEL_SIZES
 from cs336_systems.timing import PRECISIONS
@@ -53,6 +53,11 @@ def _choices(module, dest: str) -> list[str]:
     (benchmark, "mode", list(MODES)),
     (benchmark, "precision", list(PRECISIONS)),
     (benchmark, "attention", list(ATTENTION_IMPLEMENTATIONS)),
+    (profile, "size", list(MODEL_SIZES)),
+    (profile, "mode", list(MODES)),
+    (profile, "precision", list(PRECISIONS)),
+    (profile, "attention", list(ATTENTION_IMPLEMENTATIONS)),
+    (mixed_precision, "precision", list(PRECISIONS)),
     (flash, "impl", list(ATTENTION_IMPLEMENTATIONS)),
     (flash, "dtype", list(PRECISIONS)),
     (ddp, "variant", list(DDP_VARIANTS)),
@@ -66,5 +71,5 @@ def test_cli_choices_are_the_library_names(module, dest, names):
 def test_every_attention_implementation_has_a_label_and_a_callable():
     for name, entry in ATTENTION_IMPLEMENTATIONS.items():
         assert callable(get_attention(name)) and attention_label(name) == entry.label
-    with pytest.raises(ValueError, match="unknown attention 'flash'; allowed: eager, sdpa"):
+    with pytest.raises(ValueError, match="unknown attention 'flash'; allowed: eager, annotated, sdpa"):
         get_attention("flash")

@@ -112,6 +112,13 @@ def _cross_checks(config: dict[str, Any]) -> list[str]:
                 problems.append(
                     f"config key 'presets.{name}.benchmark': context length {context} is "
                     f"longer than size {size!r} supports (at most {longest})")
+        profile = preset_config["profile"]
+        for size in profile["sizes"]:
+            longest = MODEL_SIZES[size].max_context_length
+            for context in sorted(c for c in profile["context_lengths"] if c > longest):
+                problems.append(
+                    f"config key 'presets.{name}.profile.context_lengths': {context} is "
+                    f"longer than size {size!r} supports (at most {longest})")
         compiled = preset_config["attention"]["model_compile"]
         for size in compiled["sizes"]:
             longest = MODEL_SIZES[size].max_context_length
@@ -138,6 +145,11 @@ def _cross_checks(config: dict[str, Any]) -> list[str]:
                 problems.append(
                     f"config key 'presets.{name}.distributed.{part}.batch_size': "
                     f"{c['batch_size']} does not split evenly over world_size {c['world_size']}")
+        layernorm = preset_config["mixed_precision"]["layernorm"]
+        if layernorm["std_min"] > layernorm["std_max"]:
+            problems.append(
+                f"config key 'presets.{name}.mixed_precision.layernorm': std_min "
+                f"{layernorm['std_min']} is larger than std_max {layernorm['std_max']}")
     return problems
 
 

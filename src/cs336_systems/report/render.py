@@ -6,6 +6,7 @@ variables and these filters:
     {{ x|num(1) }}     12.3 (a number with 1 decimal; '' for a missing one)
     {{ r|ratio }}      2.9x
     {{ f|pct(1) }}     12.3 (a fraction as a percentage, without the % sign)
+    {{ x|sig(3) }}     0.000134, 1.34e-07 (3 significant digits, for errors of any size)
     {{ path|link }}    the path relative to the writeup's folder, for images and links
 
 An undefined variable is an error, not a blank: a template cannot silently lose a fact.
@@ -47,6 +48,11 @@ def fmt_pct(value, digits: int = 1) -> str:
     return "" if _missing(value) else f"{100 * value:.{digits}f}"
 
 
+def fmt_sig(value, digits: int = 3) -> str:
+    """`digits` significant digits: '0.000134', '1.34e-07', '65504'."""
+    return "" if _missing(value) else f"{value:.{digits}g}"
+
+
 def relative_link(target: str | Path, base_dir: str | Path) -> str:
     """Path of `target` relative to the folder `base_dir` (for markdown links)."""
     return Path(os.path.relpath(Path(target), Path(base_dir))).as_posix()
@@ -57,7 +63,7 @@ def environment(link_base: str | Path = ".") -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True,
                              autoescape=False)
-    env.filters.update(num=fmt, ratio=fmt_ratio, pct=fmt_pct,
+    env.filters.update(num=fmt, ratio=fmt_ratio, pct=fmt_pct, sig=fmt_sig,
                        link=lambda path: relative_link(path, link_base))
     return env
 

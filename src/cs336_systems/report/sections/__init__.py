@@ -6,4 +6,5 @@ options, outputs) -> facts`) and its template (`report/templates/<name>.md.j2`).
 means adding those and its name to this list; nothing else central changes.
 """
 
-SECTIONS: tuple[str, ...] = ("benchmark", "attention", "flash", "distributed")
+SECTIONS: tuple[str, ...] = ("benchmark", "profile", "mixed_precision", "attention", "flash",
+                             "distributed")

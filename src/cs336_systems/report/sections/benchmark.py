@@ -151,33 +151,6 @@ def scaling(ok: pd.DataFrame) -> dict | None:
             "small_ms": at.loc[small, "step_ms_mean"], "large_ms": at.loc[large, "step_ms_mean"]}
 
 
-def precision_speedups(ok: pd.DataFrame) -> list[dict]:
-    """bf16 autocast against fp32, per size and mode, over contexts: the median speed-up, its
-    range, and in how many contexts the two times lie within each other's spread."""
-    keys = ["size", "context_length", "mode"]
-    step = ok.set_index(keys + ["precision"])[["step_ms_mean", "step_ms_std"]]
-    out = []
-    for (size, mode), group in ok.groupby(["size", "mode"]):
-        pairs = []
-        for context in sorted(set(group["context_length"])):
-            try:
-                fp32 = step.loc[(size, context, mode, "fp32")]
-                bf16 = step.loc[(size, context, mode, "bf16")]
-            except KeyError:
-                continue
-            pairs.append(speedup(bf16["step_ms_mean"], fp32["step_ms_mean"],
-                                 bf16["step_ms_std"], fp32["step_ms_std"]))
-        pairs = [p for p in pairs if p]
-        if not pairs:
-            continue
-        ratios = pd.Series([p["ratio"] for p in pairs])
-        median = speedup(1.0, ratios.median())
-        out.append({"size": size, "mode": mode, "median": median, "min": ratios.min(),
-                    "max": ratios.max(), "contexts": len(pairs),
-                    "within_spread": sum(bool(p["within_spread"]) for p in pairs)})
-    return sorted(out, key=lambda r: (SIZE_ORDER[r["size"]], MODES.index(r["mode"])))
-
-
 def warmup_ablation(table: pd.DataFrame) -> dict | None:
     """Per configuration with every warm-up count: its rows for the table, and the cold run
     (fewest warm-up steps) against the warm one (most)."""
@@ -241,15 +214,9 @@ def facts(table: pd.DataFrame, outputs: dict[str, str], assignment: dict) -> dic
     main = table[table["main_sweep"]]
     main_ok = main[main["status"] == "ok"]
     first = table.iloc[0] if len(table) else None
-    precision = precision_speedups(main_ok)
+    # bf16 against fp32 (benchmarking_mixed_precision (c)) is the mixed_precision section's
     coverage = {"benchmarking_script": covered(table, missing=left_out(table, assignment),
                                                anchor="benchmarking_script")}
-    if precision:  # 1.4 (c): bf16 against fp32 for every size, from this sweep
-        sizes = [s for s in assignment["sizes"] if s not in {p["size"] for p in precision}]
-        coverage["benchmarking_mixed_precision"] = covered(
-            main[main["precision"].isin(["fp32", "bf16"])], anchor="benchmarking_mixed_precision",
-            missing="only (c), bf16 against fp32 timings; (a) and (b) are not implemented yet"
-                    + (f"; (c) lacks sizes {', '.join(sizes)}" if sizes else ""))
     return {
         "env": env_summary(table),
         "coverage": coverage,
@@ -262,7 +229,6 @@ def facts(table: pd.DataFrame, outputs: dict[str, str], assignment: dict) -> dic
         "variability": variability(main_ok),
         "backward": backward_share(main_ok),
         "scaling": scaling(main_ok),
-        "precision": precision,
         "failures": not_ok(table, CONFIG_KEYS + ["warmup_steps"]),
         "warmup": warmup_ablation(table),
         "scaling_figure": outputs["scaling_figure"],
