@@ -23,7 +23,7 @@ import argparse
 import torch
 
 from cs336_systems import mixed_precision as mp
-from cs336_systems.experiments.cli import add_common_arguments, positive_int
+from cs336_systems.experiments.cli import add_common_arguments, positive_float, positive_int
 from cs336_systems.records import run_and_record
 from cs336_systems.timing import PRECISIONS
 
@@ -58,13 +58,6 @@ def layernorm(config: dict, device: torch.device) -> dict:
 
 
 MEASURE = {"accumulation": accumulation, "toy-model": toy_model, "layernorm": layernorm}
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 def main(argv: list[str] | None = None) -> dict:

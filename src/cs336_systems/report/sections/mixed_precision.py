@@ -125,6 +125,8 @@ def toy_model_facts(paths: list[str]) -> tuple[pd.DataFrame, dict]:
     devices = sorted({r["device"] for r in runs})
     cpu_fp16 = next((r for r in runs if (r["device"], r["precision"]) == ("cpu", "fp16")), None)
     return table, {"runs": runs, "skipped": skipped, "devices": devices,
+                   # where autocast was measured running LayerNorm in a wider dtype than its input
+                   "upcast_devices": sorted({r["device"] for r in runs if r["ln_upcast"]}),
                    "on_cuda": devices == ["cuda"], "config": _config(paths),
                    # what asking for fp16 autocast on a CPU did with this torch
                    "cpu_fp16": None if cpu_fp16 is None else {
@@ -142,7 +144,8 @@ METHOD_HOW = {
     "two-pass": "the mean first, then mean((x − μ)²), in the dtype",
     "torch": "torch's kernel on the dtype's tensor (its mean and 1/σ read from "
              "`torch.native_layer_norm`)",
-    "torch-fp32": "the rounded input cast up to fp32 first, as CUDA autocast runs LayerNorm",
+    "torch-fp32": "the rounded input cast up to fp32 first, then torch's kernel (what autocast "
+                  "does where it runs LayerNorm in fp32: see (a))",
 }
 LAYERNORM_COLUMNS = {
     "squares_inf": "squares → inf", "var_negative": "rows var < 0",
