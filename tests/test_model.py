@@ -98,3 +98,47 @@ def test_forward_flops_counts_every_matmul_of_the_model():
     with FlopCounterMode(display=False) as counter:
         model(token_ids)
     assert forward_flops("tiny", 3, 32) == counter.get_total_flops()
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3])
+def test_checkpointed_blocks_give_the_same_loss_and_gradients(block_size):
+    """Recomputing activations in backward changes memory, not results: the same loss and
+    gradients as keeping them, for block sizes that divide the layers, equal them and exceed
+    them."""
+    from cs336_systems.loss import cross_entropy
+
+    token_ids = torch.randint(0, VOCAB_SIZE, (2, 16))
+    targets = torch.randint(0, VOCAB_SIZE, (2, 16))
+    results = []
+    for k in (None, block_size):
+        torch.manual_seed(0)
+        model = build_model("tiny", context_length=16, checkpoint_block_size=k,
+                            dtype=torch.float64)
+        loss = cross_entropy(model(token_ids), targets)
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters()]))
+    (loss, grads), (loss_k, grads_k) = results
+    torch.testing.assert_close(loss_k, loss, rtol=0, atol=0)
+    for g, g_k in zip(grads, grads_k):
+        torch.testing.assert_close(g_k, g, rtol=1e-12, atol=1e-12)
+
+
+def test_checkpointing_recomputes_each_block_once_in_backward():
+    calls = []
+
+    def spy(q, k, v, is_causal=False):
+        calls.append(q.shape)
+        return eager_attention(q, k, v, is_causal)
+
+    token_ids = torch.randint(0, VOCAB_SIZE, (1, 8))
+    for k, runs in ((None, 1), (1, 2), (2, 2)):
+        calls.clear()
+        model = build_model("tiny", context_length=8, attention=spy, checkpoint_block_size=k)
+        model(token_ids).sum().backward()
+        assert len(calls) == runs * len(model.layers), k
+        calls.clear()
+        with torch.no_grad():  # nothing to recompute for: checkpoints are off
+            model(token_ids)
+        assert len(calls) == len(model.layers)
+    with pytest.raises(ValueError, match="checkpoint_block_size must be a positive"):
+        build_model("tiny", context_length=8, checkpoint_block_size=0)

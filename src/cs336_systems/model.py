@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from einops import rearrange
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from cs336_systems.attention import AttentionFn, get_attention
 
@@ -37,7 +38,9 @@ MODEL_SIZES: dict[str, ModelSize] = {
     "medium": ModelSize(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
     "large": ModelSize(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
     "xl": ModelSize(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
-    "2.7b": ModelSize(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
+    # 2026's "xl": its memory problems run it at context 2048
+    "2.7b": ModelSize(d_model=2560, d_ff=10240, num_layers=32, num_heads=32,
+                      max_context_length=2048),
 }
 
 
@@ -159,13 +162,29 @@ class TransformerBlock(nn.Module):
         return x + self.ffn(self.ln2(x))
 
 
+def run_blocks(blocks: nn.ModuleList, x: Tensor) -> Tensor:
+    for block in blocks:
+        x = block(x)
+    return x
+
+
 class TransformerLM(nn.Module):
+    """With `checkpoint_block_size` k, the blocks run in groups of k (the last may be shorter),
+    each group under `torch.utils.checkpoint` (non-reentrant) when gradients are on: only a
+    group's input is kept for backward, and its activations are recomputed there, one group at
+    a time (gradient_checkpointing, one level of recomputation). None keeps every activation.
+    """
+
     def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int,
                  num_heads: int, d_ff: int, attention: AttentionFn | str = "eager",
-                 device=None, dtype=None):
+                 checkpoint_block_size: int | None = None, device=None, dtype=None):
         super().__init__()
+        if checkpoint_block_size is not None and checkpoint_block_size < 1:
+            raise ValueError(f"checkpoint_block_size must be a positive number of blocks or "
+                             f"None, got {checkpoint_block_size}")
         attention_fn = get_attention(attention) if isinstance(attention, str) else attention
         self.context_length = context_length
+        self.checkpoint_block_size = checkpoint_block_size
         self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
         # One RoPE table shared by every layer (a buffer, not a parameter).
         rope = RotaryEmbedding(d_model // num_heads, context_length, device=device)
@@ -183,21 +202,26 @@ class TransformerLM(nn.Module):
             raise ValueError(f"sequence length {seq_len} exceeds the model's context length "
                              f"{self.context_length}")
         x = self.token_embeddings(token_ids)
-        for layer in self.layers:
-            x = layer(x)
+        k = self.checkpoint_block_size
+        if k is None or not torch.is_grad_enabled():
+            x = run_blocks(self.layers, x)
+        else:
+            for start in range(0, len(self.layers), k):
+                x = checkpoint(run_blocks, self.layers[start:start + k], x, use_reentrant=False)
         return self.lm_head(self.ln_final(x))
 
 
 def build_model(size: str, context_length: int, attention: AttentionFn | str = "eager",
-                vocab_size: int = VOCAB_SIZE, device=None, dtype=None) -> TransformerLM:
+                vocab_size: int = VOCAB_SIZE, checkpoint_block_size: int | None = None,
+                device=None, dtype=None) -> TransformerLM:
     """The assignment's model of a named size; `device="meta"` builds it without memory."""
     spec = get_size(size)
     if not 1 <= context_length <= spec.max_context_length:
         raise ValueError(f"context_length {context_length} is outside what size {size!r} "
                          f"supports: 1 to {spec.max_context_length}")
     return TransformerLM(vocab_size, context_length, spec.d_model, spec.num_layers,
-                         spec.num_heads, spec.d_ff, attention=attention, device=device,
-                         dtype=dtype)
+                         spec.num_heads, spec.d_ff, attention=attention,
+                         checkpoint_block_size=checkpoint_block_size, device=device, dtype=dtype)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -32,6 +32,9 @@ def add_lm_step_arguments(parser: argparse.ArgumentParser, warmup_steps: int,
     parser.add_argument("--measure-steps", type=positive_int, default=measure_steps)
     parser.add_argument("--batch-size", type=positive_int, default=4)
     parser.add_argument("--attention", default=attention, choices=list(ATTENTION_IMPLEMENTATIONS))
+    parser.add_argument("--checkpoint-block-size", type=positive_int, default=None,
+                        help="recompute activations in backward, k blocks per checkpoint "
+                             "(default: keep them all)")
 
 
 def check_context_length(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -44,11 +47,12 @@ def check_context_length(parser: argparse.ArgumentParser, args: argparse.Namespa
 
 def build_lm_step(config: Mapping, device: torch.device) -> tuple[nn.Module, list[Phase]]:
     """The model and the phases of one step: keys size, context_length, attention, batch_size,
-    mode, precision, seed, and optionally compile (`torch.compile` the model; it compiles on
-    the first step)."""
+    mode, precision, seed, and optionally checkpoint_block_size (see `TransformerLM`) and
+    compile (`torch.compile` the model; it compiles on the first step)."""
     torch.manual_seed(config["seed"])
     model = build_model(config["size"], config["context_length"],
-                        attention=config["attention"], device=device)
+                        attention=config["attention"],
+                        checkpoint_block_size=config.get("checkpoint_block_size"), device=device)
     if config.get("compile"):
         model = torch.compile(model)
     token_ids, targets = random_batch(config["batch_size"], config["context_length"], device,
