@@ -144,13 +144,33 @@ def test_fit_on_the_nccl_records_predicts_the_medians_within_15_percent(facts):
 
 def test_allreduce_facts_are_the_records(facts):
     nccl, gloo = allreduce_rows("nccl"), allreduce_rows("gloo")
-    run = next(r for r in facts["allreduce"]["runs"] if r["backend"] == "nccl")
+    run = next(r for r in facts["allreduce"]["runs"]
+               if r["backend"] == "nccl" and r["world_size"] == 2)
     assert run["largest_busbw_gbps"] == pytest.approx(nccl["busbw_gbps"].iloc[-1])
     assert run["largest_median_ms"] == pytest.approx(nccl["allreduce_ms_median"].iloc[-1])
-    ratio = gloo["allreduce_ms_median"] / nccl["allreduce_ms_median"]  # same sizes, in order
+    worlds = facts["allreduce"]["world_sizes"]
+    ratio = pd.concat([allreduce_rows("gloo", w)["allreduce_ms_median"]
+                       / allreduce_rows("nccl", w)["allreduce_ms_median"]  # same sizes, in order
+                       for w in worlds])
     r = facts["allreduce"]["nccl_vs_gloo"]
     assert (r["ratio_min"], r["ratio_max"]) == pytest.approx((ratio.min(), ratio.max()))
     assert r["pairs"] == len(ratio) and r["word"] == "faster"
+
+
+def test_rank_scaling_compares_each_world_size_with_the_smallest(facts):
+    worlds = facts["allreduce"]["world_sizes"]
+    scaling = facts["allreduce"]["rank_scaling"]
+    assert len(scaling) == 2 * (len(worlds) - 1)  # gloo and nccl
+    for r in scaling:
+        small, large = allreduce_rows(r["backend"], r["from"]), allreduce_rows(r["backend"], r["to"])
+        time = large["allreduce_ms_median"] / small["allreduce_ms_median"]
+        busbw = large["busbw_gbps"] / small["busbw_gbps"]
+        assert (r["time_ratio_min"], r["time_ratio_max"]) == pytest.approx((time.min(), time.max()))
+        assert (r["busbw_ratio_min"], r["busbw_ratio_max"]) == pytest.approx(
+            (busbw.min(), busbw.max()))
+        assert r["ring_time_ratio"] == pytest.approx(
+            ((r["to"] - 1) / r["to"]) / ((r["from"] - 1) / r["from"]))
+        assert r["against_ring"] == ("less" if time.iloc[-1] < r["ring_time_ratio"] else "more")
 
 
 # --- DDP -----------------------------------------------------------------------------------

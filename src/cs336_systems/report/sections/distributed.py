@@ -203,12 +203,49 @@ def allreduce_facts(table: pd.DataFrame) -> dict:
         "table": to_markdown(_allreduce_display(table)),
         "runs": runs,
         "nccl_vs_gloo": nccl_vs_gloo,
+        "rank_scaling": rank_scaling(ok),
         "not_measured": not_ok(table.assign(run=[
             f"{r['backend']} x {r['world_size']} at {r['size_mb']:g} MB"
             for _, r in table.iterrows()]), ["run"]),
         "world_sizes": sorted(int(w) for w in set(ok["world_size"])),
         "sizes_mb": sorted(float(s) for s in set(ok["size_mb"])),
     }
+
+
+def rank_scaling(ok: pd.DataFrame) -> list[dict]:
+    """Per backend, each larger world size against the smallest: how the median time and the
+    bus bandwidth change over the sizes both ran. A ring all-reduce sends 2(n-1)/n of the data
+    per rank, so where the links alone set the time it grows by that factor's ratio
+    (`ring_time_ratio`) and the bus bandwidth stays flat."""
+    out = []
+    for backend, group in ok.groupby("backend"):
+        worlds = sorted(int(w) for w in set(group["world_size"]))
+        by = group.assign(world_size=group["world_size"].astype(int)).pivot_table(
+            index="size_mb", columns="world_size",
+            values=["allreduce_ms_median", "busbw_gbps"])
+        for world in worlds[1:]:
+            base = worlds[0]
+            pair = by.dropna(subset=[("allreduce_ms_median", base),
+                                     ("allreduce_ms_median", world)])
+            if pair.empty:
+                continue
+            time = pair[("allreduce_ms_median", world)] / pair[("allreduce_ms_median", base)]
+            busbw = pair[("busbw_gbps", world)] / pair[("busbw_gbps", base)]
+            largest = pair.index.max()
+            out.append({
+                "backend": backend, "from": base, "to": world, "sizes": int(len(pair)),
+                "time_ratio_min": float(time.min()), "time_ratio_max": float(time.max()),
+                "busbw_ratio_min": float(busbw.min()), "busbw_ratio_max": float(busbw.max()),
+                "ring_time_ratio": ((world - 1) / world) / ((base - 1) / base),
+                "largest_size_mb": float(largest),
+                "largest_ms": [float(pair.loc[largest, ("allreduce_ms_median", w)])
+                               for w in (base, world)],
+                "largest_busbw_gbps": [float(pair.loc[largest, ("busbw_gbps", w)])
+                                       for w in (base, world)]})
+            ring, largest_ratio = out[-1]["ring_time_ratio"], float(time.loc[largest])
+            out[-1].update(largest_time_ratio=largest_ratio,
+                           against_ring="less" if largest_ratio < ring else "more")
+    return out
 
 
 # --- facts: DDP ----------------------------------------------------------------------------
