@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (reusing the system's PyTorch where there is one, e.g. on a GPU box) and install
-# this package with its test and workflow dependencies. Safe to run again: it only adds what
-# is missing.
+# this package with its test dependencies and the SLURM executor plugin. Safe to run again: it
+# only adds what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${VENV:-.venv}
@@ -14,5 +14,8 @@ py="$venv/bin/python"
 if ! "$py" -c "import torch" 2>/dev/null; then
   "$py" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
 fi
-"$py" -m pip install -q -e ".[test]"
+# The resolver makes everything this project imports agree; --no-warn-conflicts drops its
+# report on the system's own tools that the newer versions here no longer suit (awscli's
+# docutils, say), which matter only to those tools run from inside this venv.
+"$py" -m pip install -q --no-warn-conflicts -e ".[test,slurm]"
 echo "ready: $("$py" -c 'import torch, snakemake; print("torch", torch.__version__, "| snakemake", snakemake.__version__)')"

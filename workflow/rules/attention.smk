@@ -42,7 +42,7 @@ rule attention:
             "batch_size": ATTN["batch_size"], "causal": ATTN["causal"],
             "warmup": ATTN["warmup"], "iterations": ATTN["iterations"], "device": DEVICE},
     resources:
-        gpu=1,
+        **measuring_job(),
     script:
         JOB_SCRIPT
 
@@ -68,7 +68,7 @@ rule benchmark_compiled:
                                 "batch_size": BENCH["batch_size"],
                                 "attention": BENCH["attention"], "device": DEVICE},
     resources:
-        gpu=1,
+        **measuring_job(),
     script:
         JOB_SCRIPT
 

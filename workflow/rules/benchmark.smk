@@ -42,7 +42,7 @@ rule benchmark:
                                 "batch_size": BENCH["batch_size"],
                                 "attention": BENCH["attention"], "device": DEVICE},
     resources:
-        gpu=1,
+        **measuring_job(),
     script:
         JOB_SCRIPT
 

@@ -55,3 +55,25 @@ def caption(name):
 
 def facts(section):
     return f"{SECTION_DIR}/{section}.json"
+
+
+# What a job asks a scheduler for. profiles/slurm hands these to sbatch (gpu -> --gpus,
+# threads -> --cpus-per-task, mem_mb -> --mem, runtime -> --time, in minutes); a local run
+# holds jobs only to --cores. A rule whose job measures on the preset's device or on GPUs
+# states `threads:` (its processes, when more than one) and `resources: **measuring_job(gpus)`;
+# a rule that only reads records and renders (tables, markdown, writeup, archive) states
+# nothing and gets the profile's default-resources: no GPU, little memory, a short time.
+MEASURING_JOB_MINUTES = 60
+# Host memory for each process of a measuring job: the largest model is built there, and a
+# profile's trace is exported from there.
+MEASURING_JOB_MEM_MB_PER_PROCESS = 32000
+
+
+def measuring_job(gpus=None, minutes=MEASURING_JOB_MINUTES):
+    """Resources of a measuring job: `gpus` (a count, or a function of the wildcards; all on
+    one node, which the profile asks for) or by default one GPU, none where the preset runs
+    on the CPU; host memory for each of its `threads` processes; a time limit."""
+    if gpus is None:
+        gpus = 0 if DEVICE == "cpu" else 1
+    return {"gpu": gpus, "runtime": minutes,
+            "mem_mb": lambda wildcards, threads: MEASURING_JOB_MEM_MB_PER_PROCESS * threads}

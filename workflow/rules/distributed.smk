@@ -52,7 +52,8 @@ rule allreduce:
                                 "iterations": ALLREDUCE["iterations"]},
     threads: lambda wildcards: int(wildcards.world_size)
     resources:
-        gpu=lambda wildcards: int(wildcards.world_size) if wildcards.backend == "nccl" else 0,
+        **measuring_job(lambda wildcards: int(wildcards.world_size)
+                        if wildcards.backend == "nccl" else 0),
     script:
         JOB_SCRIPT
 
@@ -82,7 +83,7 @@ rule ddp:
         },
     threads: DDP_CONFIG["world_size"]
     resources:
-        gpu=DDP_GPUS,
+        **measuring_job(DDP_GPUS),
     script:
         JOB_SCRIPT
 
@@ -108,7 +109,7 @@ rule sharded_optimizer:
         },
     threads: SHARDED_CONFIG["world_size"]
     resources:
-        gpu=SHARDED_GPUS,
+        **measuring_job(SHARDED_GPUS),
     script:
         JOB_SCRIPT
 

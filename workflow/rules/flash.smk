@@ -38,7 +38,7 @@ rule flash:
                                 "causal": FLASH["causal"], "compile": False,
                                 "device": DEVICE},
     resources:
-        gpu=1,
+        **measuring_job(),
     script:
         JOB_SCRIPT
 
@@ -62,7 +62,7 @@ rule flash_leaderboard:
                                 "batch_size": LEADERBOARD["batch_size"], "causal": True,
                                 "compile": True, "device": DEVICE},
     resources:
-        gpu=1,
+        **measuring_job(),
     script:
         JOB_SCRIPT
 

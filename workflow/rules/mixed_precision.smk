@@ -26,7 +26,7 @@ rule mixed_precision_accumulation:
         cli="cs336_systems.experiments.mixed_precision",
         args={"part": "accumulation", **MP["accumulation"], "device": DEVICE},
     resources:
-        gpu=1,
+        **measuring_job(),
     script:
         JOB_SCRIPT
 
@@ -48,7 +48,7 @@ rule mixed_precision_toy_model:
             **{k: v for k, v in MP["toy_model"].items() if k != "precisions"},
             "device": DEVICE},
     resources:
-        gpu=1,
+        **measuring_job(),
     script:
         JOB_SCRIPT
 
@@ -65,7 +65,7 @@ rule mixed_precision_layernorm:
         cli="cs336_systems.experiments.mixed_precision",
         args={"part": "layernorm", **MP["layernorm"], "device": DEVICE},
     resources:
-        gpu=1,
+        **measuring_job(),
     script:
         JOB_SCRIPT
 

@@ -33,7 +33,7 @@ rule profile:
                                 "measure_steps": PROF["measure_steps"],
                                 "attention": PROF["attention"], "device": DEVICE},
     resources:
-        gpu=1,
+        **measuring_job(),
     script:
         JOB_SCRIPT
 
