@@ -103,7 +103,8 @@ def test_writeup_opens_with_every_problem_and_its_status(smoke_run):
             assert f'<a id="{link.group(1)}"></a>' in text, row
         else:
             assert "| skipped |" in row or "| not implemented yet |" in row, row
-    assert "| `memory_profiling` | 1.5 | both | not implemented yet |" in text
+    assert "| `memory_profiling` | 1.5 | both | skipped | memory history needs CUDA" in text
+    assert "| `fsdp` | 6.2 | 2026 | not implemented yet |" in text
     assert re.search(r"\| \[`nsys_profile`\]\(#nsys_profile\) \| 1.2 \| both "
                      r"\| partly answered \| not in this preset: sizes small, 2.7b", text)
     assert re.search(r"\| \[`benchmarking_script`\]\(#benchmarking_script\) \| 1.1 \| both "
@@ -133,6 +134,7 @@ def test_no_smoke_record_is_an_error(smoke_run):
                if "sections" not in p.parts]
     records = [r for r in records if "status" in r]
     assert {r["section"] for r in records} == {"benchmark", "profile", "mixed_precision",
+                                               "memory", "residuals", "checkpointing",
                                                "attention", "flash", "allreduce", "ddp",
                                                "sharded_optimizer", "communication_accounting"}
     errors = [(r["section"], r["config"], r.get("message", "")) for r in records
@@ -188,6 +190,9 @@ def test_editing_the_model_redoes_the_benchmarks(smoke_run):
         # every job that builds the LM, and nothing of the attention or all-reduce benchmarks
         assert stale_rules(smoke_run) == {"benchmark", "benchmark_tables", "benchmark_compiled",
                                           "profile", "profile_tables",
+                                          "memory", "memory_tables", "residuals_block",
+                                          "residuals_tables", "checkpointing",
+                                          "checkpointing_nested", "checkpointing_tables",
                                           "attention_tables", "ddp", "sharded_optimizer",
                                           "distributed_tables", "mixed_precision_tables",
                                           "section_markdown", "writeup"}

@@ -10,6 +10,8 @@ from cs336_systems.attention import ATTENTION_IMPLEMENTATIONS, attention_label, 
 from cs336_systems.distributed.launch import BACKENDS
 from cs336_systems.distributed.variants import DDP_VARIANTS
 from cs336_systems.experiments import allreduce, benchmark, ddp, flash, mixed_precision, profile
+from cs336_systems.experiments import checkpointing, checkpointing_nested, residuals
+from cs336_systems.experiments import memory
 from cs336_systems.lm_step import MODES
 from cs336_systems.model import MODEL_SIZES
 from cs336_systems.timing import PRECISIONS
@@ -25,9 +27,16 @@ SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text
     ("attention", list(ATTENTION_IMPLEMENTATIONS)),
     ("ddp_variant", list(DDP_VARIANTS)),
     ("backend", list(BACKENDS)),
+    ("residuals_variant", list(residuals.VARIANTS)),
 ])
 def test_schema_enums_are_the_library_names(definition, names):
     assert SCHEMA["$defs"][definition]["enum"] == names
+
+
+def test_checkpointing_modes_are_the_library_modes_with_a_backward():
+    # forward alone has nothing to recompute: the schema and the CLI refuse it
+    assert SCHEMA["$defs"]["checkpointing"]["properties"]["mode"]["enum"] == [
+        m for m in MODES if m != "forward"]
 
 
 def _choices(module, dest: str) -> list[str]:
@@ -63,6 +72,19 @@ def _choices(module, dest: str) -> list[str]:
     (ddp, "variant", list(DDP_VARIANTS)),
     (ddp, "backend", list(BACKENDS)),
     (allreduce, "backend", list(BACKENDS)),
+    (memory, "size", list(MODEL_SIZES)),
+    (memory, "mode", list(MODES)),
+    (memory, "precision", list(PRECISIONS)),
+    (memory, "attention", list(ATTENTION_IMPLEMENTATIONS)),
+    (residuals, "size", list(MODEL_SIZES)),
+    (residuals, "precision", list(PRECISIONS)),
+    (residuals, "variant", list(residuals.VARIANTS)),
+    (checkpointing, "size", list(MODEL_SIZES)),
+    (checkpointing, "mode", list(MODES)),
+    (checkpointing, "precision", list(PRECISIONS)),
+    (checkpointing, "attention", list(ATTENTION_IMPLEMENTATIONS)),
+    (checkpointing_nested, "size", list(MODEL_SIZES)),
+    (checkpointing_nested, "attention", list(ATTENTION_IMPLEMENTATIONS)),
 ])
 def test_cli_choices_are_the_library_names(module, dest, names):
     assert _choices(module, dest) == names

@@ -29,7 +29,8 @@ import yaml
 
 from cs336_systems.records import git_commit
 
-HEAVY_SUFFIXES = (".trace.json.gz", ".nsys-rep", ".pickle.gz", ".snapshot.gz")
+HEAVY_SUFFIXES = (".trace.json.gz", ".nsys-rep", ".pickle.gz", ".snapshot.gz",
+                  ".memory_viz.html")
 
 
 def gpus() -> list[dict]:

@@ -6,5 +6,5 @@ options, outputs) -> facts`) and its template (`report/templates/<name>.md.j2`).
 means adding those and its name to this list; nothing else central changes.
 """
 
-SECTIONS: tuple[str, ...] = ("benchmark", "profile", "mixed_precision", "attention", "flash",
-                             "distributed")
+SECTIONS: tuple[str, ...] = ("benchmark", "profile", "mixed_precision", "memory", "residuals",
+                             "checkpointing", "attention", "flash", "distributed")
