@@ -232,3 +232,35 @@ def test_the_y_axis_zooms_only_where_the_steps_add_little():
     assert plot.zoom_bottom(start=13.0, top=13.5) == 12.5
     assert plot.zoom_bottom(start=10.0, top=65.0) == 0.0      # the steps make most of it
     assert plot.zoom_bottom(start=0.0, top=0.0) == 0.0
+
+
+def test_a_real_snapshot_reduces_to_its_phases_and_lines():
+    """A snapshot that torch 2.11 wrote on an H200 for one training step of a tiny model
+    (batch 4, context 32, vocabulary 10000; fp32), run from /work/main/src: its phases are
+    marked from the record_function ranges it holds, the peak falls in backward, and the
+    largest allocations are the logits' (4 x 32 x 10000 x 4 bytes), made by the LM head and
+    the loss, and their gradients, which autograd's thread makes with no Python frame."""
+    import gzip
+    import pickle
+
+    path = Path(__file__).parent / "data/tiny_train_snapshot.pickle.gz"
+    with gzip.open(path) as f:
+        snapshot = pickle.load(f)
+    marks = [{"step": 1, "phase": a["name"], "time_us": a["time_us"]}
+             for a in snapshot["external_annotations"]
+             if a["stage"] == "START" and a["name"] in ("forward", "backward", "optimizer")]
+    timeline = mt.reduce_snapshot(snapshot, 0, marks, "/work/main/src/cs336_systems")
+
+    events = [m["event"] for m in timeline.marks]
+    assert [m["phase"] for m in timeline.marks] == ["forward", "backward", "optimizer"]
+    assert None not in events and events == sorted(events) and events[0] == 0
+    peak = timeline.peak()
+    assert peak["phase"] == "backward" and peak["bytes"] > timeline.base_bytes > 0
+    assert timeline.live_bytes().min() >= 0
+    logits = 4 * 32 * 10_000 * 4
+    largest = timeline.largest()
+    assert largest[0]["bytes"] == logits
+    made = timeline.same_size(logits)
+    lines = {line["label"]: line["count"] for line in made["lines"]}
+    assert lines["no Python frame (backward)"] >= 2 and any(k.startswith("model.py:") for k in lines)
+    assert any(k.startswith("loss.py:") for k in lines)
