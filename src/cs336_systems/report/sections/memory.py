@@ -325,8 +325,9 @@ def residual_facts(frame: pd.DataFrame) -> dict:
         rows.append({"size": r["size"], "context": r["context_length"], "mode": r["mode"],
                      "precision": r["precision"], "MiB": metrics["residual_bytes"] / MIB,
                      "allocations per step": f"{per_step:g}",
-                     "lines that made most of them": ", ".join(
-                         f"{x['label']} ({x['count']})" for x in lines[:3])})
+                     "lines that made most of them (per step)": ", ".join(
+                         f"{x['label']} ({x['count'] / r['measure_steps']:g})"
+                         for x in lines[:3])})
     return {"derived": derived, "found": found, "table": to_markdown(pd.DataFrame(rows)),
             "any_found": any(f["count"] for f in found)}
 
