@@ -190,8 +190,8 @@ def test_editing_the_model_redoes_the_benchmarks(smoke_run):
         # every job that builds the LM, and nothing of the attention or all-reduce benchmarks
         assert stale_rules(smoke_run) == {"benchmark", "benchmark_tables", "benchmark_compiled",
                                           "profile", "profile_tables",
-                                          "memory", "memory_tables", "residuals_block", "residuals_rmsnorm",
-                                          "residuals_tables", "checkpointing",
+                                          "memory", "memory_tables", "residuals_block",
+                                          "residuals_rmsnorm", "residuals_tables", "checkpointing",
                                           "checkpointing_nested", "checkpointing_tables",
                                           "attention_tables", "ddp", "sharded_optimizer",
                                           "distributed_tables", "mixed_precision_tables",
