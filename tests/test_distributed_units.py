@@ -1,5 +1,6 @@
 """Pieces of the distributed library checked in this process: bucketing, the autograd hook
-semantics DDP relies on, input validation, and FSDP's sharding and freeing on a 1-rank group."""
+semantics DDP relies on, input validation, FSDP's sharding rule, and its sharding and freeing
+on a 1-rank group."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.distributed as dist
 from distributed_helpers import ToyModel, batches, loss_fn
 from torch import nn
 
+from cs336_systems import model as lm
 from cs336_systems.distributed import (
     DDP, FSDP, DDPBucketed, ShardedOptimizer, allreduce_gradients_flat, assign_buckets,
     broadcast_parameters, free_port,
@@ -64,17 +66,42 @@ def test_constructors_reject_bad_input():
             make()
 
 
+def test_fsdp_shards_the_weights_of_linear_and_embedding_layers_only():
+    class UserEmbedding(nn.Module):  # a user's own class: recognised by its name
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(5, 3))
+
+    class Projection(nn.Linear):  # a subclass of nn.Linear: recognised by its base
+        pass
+
+    class Scale(nn.Module):  # a 2-D weight, but neither a Linear nor an Embedding
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(3, 3))
+
+    sharded = [nn.Linear(3, 4), nn.Embedding(5, 3), lm.Linear(3, 4), lm.Embedding(5, 3),
+               UserEmbedding(), Projection(3, 4)]
+    whole = [lm.RMSNorm(3), nn.LayerNorm(3), lm.RotaryEmbedding(4, 8), nn.Bilinear(3, 3, 2),
+             Scale(), nn.Conv1d(3, 3, 1)]
+    assert all(fsdp_module.is_sharded_layer(m) for m in sharded)
+    assert not any(fsdp_module.is_sharded_layer(m) for m in whole)
+
+
 def test_fsdp_shards_frees_regathers_and_matches_plain_gradients(one_rank_group, monkeypatch):
     torch.manual_seed(0)
     plain = ToyModel()
-    model = FSDP(_copy_of(plain))
+    copy = _copy_of(plain)
+    originals = dict(copy.named_parameters())
+    model = FSDP(copy)
     inner = model.module
-    # Shards (1-D) replace trainable parameters, one shared shard for the tied weight; the
-    # frozen layer stays whole.
-    assert inner.fc1.weight.shape == (inner.fc1.weight.numel(),)
+    # Linear and Embedding weights, frozen ones too, become fp32 shards (all rows, on one rank),
+    # one for the tied weight; biases stay the very same parameters.
+    for name, p in inner.named_parameters():
+        assert (p is originals[name]) == name.endswith("bias"), name
+        assert p.shape == originals[name].shape and p.dtype == torch.float32, name
     assert inner.head.weight is inner.embed.weight
-    assert inner.frozen.weight.shape == plain.frozen.weight.shape
-    assert len(list(model.parameters())) == len(list(plain.parameters()))
+    assert not inner.frozen.weight.requires_grad
 
     # The full weight exists during the unit's forward only, even though autograd needs it.
     full_fc1 = []  # a weak reference to the gathered weight, taken inside fc1's forward
@@ -82,25 +109,26 @@ def test_fsdp_shards_frees_regathers_and_matches_plain_gradients(one_rank_group,
                                     prepend=True)  # runs before FSDP's post-forward hook
     gathers = []
     counting = fsdp_module._all_gather
-    monkeypatch.setattr(fsdp_module, "_all_gather",
-                        lambda out, inp: (gathers.append(out.numel()), counting(out, inp))[1])
+    monkeypatch.setattr(fsdp_module, "_all_gather", lambda out, inp, async_op: (
+        gathers.append(out.numel()), counting(out, inp, async_op=async_op))[1])
     tokens, targets = next(batches(1))
     loss = loss_fn(model, tokens, targets)
     assert len(full_fc1) == 1 and full_fc1[0]() is None  # freed once the forward is over
-    assert inner.fc1.weight.dim() == 1  # and the attribute is the shard again
+    assert inner.fc1.weight is inner.fc1._parameters["weight"]  # the attribute is the shard again
     forward_gathers = len(gathers)
     loss.backward()
+    model.finish_gradient_synchronization()
     assert plain.fc1.weight.numel() in gathers[forward_gathers:]  # re-gathered for backward
 
     loss_fn(plain, tokens, targets).backward()
     full_grads = {name: p.grad for name, p in plain.named_parameters() if p.requires_grad}
-    for name, shard in inner.named_parameters():
+    for name, p in inner.named_parameters():
         if name in full_grads:
-            torch.testing.assert_close(shard.grad, full_grads[name].reshape(-1), msg=name)
+            assert torch.equal(p.grad, full_grads[name]), name
         else:
-            assert shard.grad is None and not shard.requires_grad
+            assert p.grad is None and not p.requires_grad
     for name, value in model.gather_full_params().items():
-        torch.testing.assert_close(value, dict(plain.named_parameters())[name], rtol=0, atol=0)
+        assert torch.equal(value, dict(plain.named_parameters())[name]), name
 
 
 def _copy_of(model: ToyModel) -> ToyModel:

@@ -3,7 +3,8 @@
     naive.py              broadcast / all-reduce helpers called between backward and step
     ddp.py                DDP, DDPBucketed: all-reduces launched from gradient hooks
     sharded_optimizer.py  ShardedOptimizer: each rank keeps ~1/world of the optimizer state
-    fsdp.py               FSDP: parameters, gradients and optimizer state sharded
+    fsdp.py               FSDP: Linear and Embedding weights, their gradients and optimizer
+                          state sharded; weights gathered per layer, with a prefetch window
     launch.py             spawn local process groups (tests, CPU runs) or join torchrun's
 """
 

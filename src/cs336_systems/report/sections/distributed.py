@@ -46,6 +46,9 @@ MIB = 2**20
 GPU_BACKEND = backend_for("cuda")
 
 
+FSDP_BY_TESTS = ("by the FSDP class and its gloo tests (tests/test_distributed_fsdp.py), not by "
+                 "a job of this pipeline")
+
 def _number(value) -> float | None:
     """A plain float, or None for a missing value."""
     return None if value is None or pd.isna(value) else float(value)
@@ -587,6 +590,8 @@ def coverage(allreduce: pd.DataFrame, ddp: pd.DataFrame, sharded: pd.DataFrame,
                 "CPU: only the breakdown from the tensors"
                 if sharded_facts_["available"] and not sharded_facts_["has_memory_readings"]
                 else "")),
+        "fsdp": covered(None, anchor="fsdp", how=FSDP_BY_TESTS,
+                        missing="no FSDP benchmark on GPUs beside torch's fully_shard yet"),
     }
 
 
