@@ -104,7 +104,8 @@ def test_writeup_opens_with_every_problem_and_its_status(smoke_run):
         else:
             assert "| skipped |" in row or "| not implemented yet |" in row, row
     assert "| `memory_profiling` | 1.5 | both | skipped | memory history needs CUDA" in text
-    assert "| `fsdp` | 6.2 | 2026 | not implemented yet |" in text
+    assert "| `fsdp_accounting` | 6.2 | 2026 | not implemented yet |" in text
+    assert "| [`fsdp`](#fsdp) | 6.2 | 2026 | partly answered |" in text
     assert re.search(r"\| \[`nsys_profile`\]\(#nsys_profile\) \| 1.2 \| both "
                      r"\| partly answered \| not in this preset: sizes small, 2.7b", text)
     assert re.search(r"\| \[`benchmarking_script`\]\(#benchmarking_script\) \| 1.1 \| both "
@@ -136,7 +137,8 @@ def test_no_smoke_record_is_an_error(smoke_run):
     assert {r["section"] for r in records} == {"benchmark", "profile", "mixed_precision",
                                                "memory", "residuals", "checkpointing",
                                                "attention", "flash", "allreduce", "ddp",
-                                               "sharded_optimizer", "communication_accounting"}
+                                               "sharded_optimizer", "communication_accounting",
+                                               "parallelism"}
     errors = [(r["section"], r["config"], r.get("message", "")) for r in records
               if r["status"] == "error"]
     assert not errors, errors
@@ -195,7 +197,7 @@ def test_editing_the_model_redoes_the_benchmarks(smoke_run):
                                           "checkpointing_nested", "checkpointing_tables",
                                           "attention_tables", "ddp", "sharded_optimizer",
                                           "distributed_tables", "mixed_precision_tables",
-                                          "section_markdown", "writeup"}
+                                          "parallelism_tables", "section_markdown", "writeup"}
 
 
 def _smoke_preset(workdir: Path) -> dict:
@@ -313,5 +315,6 @@ def test_the_html_report_shows_every_section(smoke_run):
         assert figure.name in html, figure.name
     for category in ("1.1 benchmarking_script", "1.3-1.4 mixed precision",
                      "3 Attention and torch.compile",
-                     "4 FlashAttention-2", "5 Distributed data parallel", "Writeup"):
+                     "4 FlashAttention-2", "5 Distributed data parallel",
+                     "7 Parallelism strategies", "Writeup"):
         assert category in html, category
