@@ -7,6 +7,7 @@ import os
 import torch
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_HEAD_DIM = 256  # the widest head whose tiles the Triton kernels hold
 
 
 def triton_interpreting() -> bool:
@@ -27,12 +28,9 @@ def require_triton_device(*tensors: torch.Tensor) -> None:
                      f"TRITON_INTERPRET=1 set before triton is imported); got {device}")
 
 
-def _is_power_of_two_at_least_16(n: int) -> bool:
-    return n >= 16 and n & (n - 1) == 0
-
-
 def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """q, k, v: (batch, seq, d), one dtype of bf16/fp16/fp32, seq and d powers of two >= 16."""
+    """q (batch, n_queries, d) and k, v (batch, n_keys, d): one dtype of bf16/fp16/fp32, one
+    device, n_queries and n_keys of at least 1, d from 1 to MAX_HEAD_DIM."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim != 3:
             raise ValueError(f"{name} must have shape (batch, seq, d); got {tuple(t.shape)}")
@@ -44,7 +42,8 @@ def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
         raise ValueError(f"q (batch, n_queries, d) and k, v (batch, n_keys, d) must agree; got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    for label, n in (("n_queries", q.shape[1]), ("n_keys", k.shape[1]), ("d", q.shape[2])):
-        if not _is_power_of_two_at_least_16(n):
-            raise ValueError(f"{label} must be a power of two of at least 16 (16, 32, 64, ...); "
-                             f"got {n}")
+    for label, n in (("n_queries", q.shape[1]), ("n_keys", k.shape[1])):
+        if n < 1:
+            raise ValueError(f"{label} must be at least 1; got {n}")
+    if not 1 <= q.shape[2] <= MAX_HEAD_DIM:
+        raise ValueError(f"d must be from 1 to {MAX_HEAD_DIM}; got {q.shape[2]}")

@@ -1,8 +1,11 @@
 """FlashAttention-2 in plain PyTorch: tiled forward with online softmax, backward by recomputation.
 
-Shapes: q (batch, n_queries, d), k and v (batch, n_keys, d). The forward walks query tiles of
-Q_TILE rows and, inside, key tiles of K_TILE rows, keeping a running row max m, row sum l and
-un-normalized output (FlashAttention-2, Algorithm 1). It saves only the logsumexp
+Shapes: q (batch, n_queries, d), k and v (batch, n_keys, d), the same as the Triton kernels
+accept (`checks.check_attention_inputs`): any n_queries, n_keys >= 1 and 1 <= d <= 256. The
+causal mask is SDPA's `is_causal=True`: query i sees keys 0..i, aligned at the top left.
+The forward walks query tiles of Q_TILE rows and, inside, key tiles of K_TILE rows (the last
+tile of each may be shorter), keeping a running row max m, row sum l and un-normalized output
+(FlashAttention-2, Algorithm 1). It saves only the logsumexp
 L = m + log(l), of shape (batch, n_queries), beside q, k, v and o. The backward recomputes
 P = exp(S - L) from L (Algorithm 2, untiled) and runs under `torch.compile`.
 """
@@ -22,7 +25,8 @@ CAUSAL_MASK_VALUE = -1e6  # added to masked scores, as the assignment specifies
 
 
 def causal_bias(n_queries: int, n_keys: int, q_start: int, k_start: int, device) -> Tensor:
-    """(n_queries, n_keys): 0 where query position >= key position, else -1e6."""
+    """(n_queries, n_keys): 0 where query position >= key position, else -1e6. Positions count
+    from the first query and the first key (SDPA's top-left alignment)."""
     q_pos = torch.arange(q_start, q_start + n_queries, device=device)[:, None]
     k_pos = torch.arange(k_start, k_start + n_keys, device=device)[None, :]
     return torch.where(q_pos >= k_pos, 0.0, CAUSAL_MASK_VALUE)
