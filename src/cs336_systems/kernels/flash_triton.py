@@ -45,6 +45,7 @@ set, the same switch that lets PyTorch's own fp32 matmuls use TF32.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -397,27 +398,35 @@ def _shape_constants(q: Tensor, n_keys, block_m: int, block_n: int, is_causal: b
                 DOT_PRECISION=_dot_precision(q.dtype))
 
 
-def _forward_tiles(n_queries, n_keys, d: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for the forward kernel; BLOCK_N divides BLOCK_M, so the
-    causal band is whole key tiles."""
+class Tiles(NamedTuple):
+    """A launch's tile sizes and its warps and software-pipelining stages."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def _forward_tiles(n_queries, n_keys, d: int, dtype: torch.dtype) -> Tiles:
+    """The forward kernel's tiles; BLOCK_N divides BLOCK_M, so the causal band is whole key
+    tiles."""
     if dtype == torch.float32:  # full-fp32 dots run on the FMA units: small tiles, no spills
         block_m, block_n = 32, (32 if d <= 128 else 16)
     else:
         block_m, block_n = (128 if d <= 64 else 64), (64 if d <= 128 else 32)
     block_m = _tile(n_queries, block_m)
     block_n = _tile(n_keys, min(block_n, block_m))
-    return block_m, block_n, 4 if block_m <= 64 else 8
+    return Tiles(block_m, block_n, 4 if block_m <= 64 else 8, 2)
 
 
-def _backward_tiles(n_queries, n_keys, d: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for both backward kernels: one tile size, so the band is
-    whole tiles from either side."""
+def _backward_tiles(n_queries, n_keys, d: int, dtype: torch.dtype) -> Tiles:
+    """Both backward kernels' tiles: one tile size, so the band is whole tiles from either
+    side."""
     if d > 128:
         tile = 16 if dtype == torch.float32 else 32
     else:
         tile = 32 if dtype == torch.float32 or d > 64 else 64
     tile = min(_tile(n_queries, tile), _tile(n_keys, tile))
-    return tile, tile, 4 if d <= 128 else 8
+    return Tiles(tile, tile, 4 if d <= 128 else 8, 2)
 
 
 def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
@@ -440,12 +449,12 @@ def flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Te
     batch, n_queries, d = q.shape
     n_keys = k.shape[1]
     o, logsumexp = _forward_outputs(q)
-    block_m, block_n, num_warps = _forward_tiles(n_queries, n_keys, d, q.dtype)
-    wrap_triton(flash_fwd_kernel)[(triton.cdiv(n_queries, block_m), batch)](
+    tiles = _forward_tiles(n_queries, n_keys, d, q.dtype)
+    wrap_triton(flash_fwd_kernel)[(triton.cdiv(n_queries, tiles.block_m), batch)](
         q, k, v, o, logsumexp,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *logsumexp.stride(),
-        n_queries, n_keys, **_shape_constants(q, n_keys, block_m, block_n, is_causal),
-        num_warps=num_warps, num_stages=2,
+        n_queries, n_keys, **_shape_constants(q, n_keys, tiles.block_m, tiles.block_n, is_causal),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     return o, logsumexp
 
@@ -469,13 +478,13 @@ def flash_attn_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor
     n_keys = k.shape[1]
     delta = (grad_o.float() * o.float()).sum(dim=-1)                   # D = rowsum(dO * O)
     grad_q, grad_k, grad_v = _backward_outputs(q, k, v)
-    block_m, block_n, num_warps = _backward_tiles(n_queries, n_keys, d, q.dtype)
-    launch = dict(**_shape_constants(q, n_keys, block_m, block_n, is_causal),
-                  num_warps=num_warps, num_stages=2)
+    tiles = _backward_tiles(n_queries, n_keys, d, q.dtype)
+    launch = dict(**_shape_constants(q, n_keys, tiles.block_m, tiles.block_n, is_causal),
+                  num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     strides = (*q.stride(), *k.stride(), *logsumexp.stride())
-    wrap_triton(flash_bwd_dkdv_kernel)[(triton.cdiv(n_keys, block_n), batch)](
+    wrap_triton(flash_bwd_dkdv_kernel)[(triton.cdiv(n_keys, tiles.block_n), batch)](
         q, k, v, grad_o, logsumexp, delta, grad_k, grad_v, *strides, n_queries, n_keys, **launch)
-    wrap_triton(flash_bwd_dq_kernel)[(triton.cdiv(n_queries, block_m), batch)](
+    wrap_triton(flash_bwd_dq_kernel)[(triton.cdiv(n_queries, tiles.block_m), batch)](
         q, k, v, grad_o, logsumexp, delta, grad_q, *strides, n_queries, n_keys, **launch)
     return grad_q, grad_k, grad_v
 
