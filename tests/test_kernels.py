@@ -119,6 +119,18 @@ def test_flash_triton_any_shape_against_float64(shape, is_causal, dtype):
     check_flash(FlashAttentionTriton, *shape, dtype, is_causal)
 
 
+@pytest.mark.parametrize("shape", [(2, 64, 64, 32), (1, 70, 45, 24), (1, 45, 100, 80)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_flash_triton_backward_with_unequal_tiles(shape, is_causal, monkeypatch):
+    """Each backward pass with its inner tile smaller than its outer one (the dK/dV pass walks
+    16-row query tiles inside 32-row key tiles, the dQ pass the other way round)."""
+    from cs336_systems.kernels import flash_triton
+
+    monkeypatch.setattr(flash_triton, "_backward_tiles", lambda *_: (
+        flash_triton.Tiles(16, 32, 4, 2), flash_triton.Tiles(32, 16, 4, 2)))
+    check_flash(FlashAttentionTriton, *shape, torch.float32, is_causal)
+
+
 @pytest.mark.parametrize("shape", ANY_SHAPES)
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_flash_pytorch_any_shape_against_float64(shape, is_causal):

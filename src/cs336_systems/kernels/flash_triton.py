@@ -337,7 +337,8 @@ def flash_bwd_dq_kernel(
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Pass 2: program (query_tile, batch) accumulates dQ for queries [q_start, +BLOCK_M)."""
+    """Pass 2: program (query_tile, batch) accumulates dQ for queries [q_start, +BLOCK_M).
+    BLOCK_M is a multiple of BLOCK_N, so the band is whole key tiles."""
     query_tile = tl.program_id(0)
     batch = tl.program_id(1)
     q_start = query_tile * BLOCK_M
@@ -418,19 +419,23 @@ def _forward_tiles(n_queries, n_keys, d: int, dtype: torch.dtype) -> Tiles:
     return Tiles(block_m, block_n, 4 if block_m <= 64 else 8, 2)
 
 
-def _backward_tiles(n_queries, n_keys, d: int, dtype: torch.dtype) -> Tiles:
-    """Both backward kernels' tiles: one tile size, so the band is whole tiles from either
-    side. For 16-bit inputs, from a sweep on an H200 (bf16, causal, 16 x 16384, tiles 32 to 128,
-    4 or 8 warps, 1 to 3 stages): 64-wide tiles and 4 warps were fastest at d 64 (3 stages) and
-    d 128 (2 stages; 2.8x faster than 32-wide tiles, and 128-wide ones with 3 stages overflow
-    shared memory)."""
+def _backward_tiles(n_queries, n_keys, d: int, dtype: torch.dtype) -> tuple[Tiles, Tiles]:
+    """The tiles of the dK/dV pass and of the dQ pass. Each walks inner tiles inside its own
+    outer tile (query tiles inside a key tile, key tiles inside a query tile), so the inner tile
+    divides the outer one and the causal band is whole inner tiles. For 16-bit inputs, from a
+    sweep on an H200 (bf16, causal, 16 x 16384, square tiles 32 to 128, 4 or 8 warps, 1 to 3
+    stages): 64-wide tiles and 4 warps were fastest at d 64 (3 stages) and d 128 (2 stages; 2.8x
+    faster than 32-wide tiles, and 128-wide ones with 3 stages overflow shared memory)."""
     if d > 128:
-        tile = 16 if dtype == torch.float32 else 32
+        inner = outer = 16 if dtype == torch.float32 else 32
     else:
-        tile = 32 if dtype == torch.float32 else 64
+        inner = outer = 32 if dtype == torch.float32 else 64
     stages = 3 if d <= 64 and dtype != torch.float32 else 2
-    tile = min(_tile(n_queries, tile), _tile(n_keys, tile))
-    return Tiles(tile, tile, 4 if d <= 128 else 8, stages)
+    warps = 4 if d <= 128 else 8
+    dkdv_n = _tile(n_keys, outer)
+    dq_m = _tile(n_queries, outer)
+    return (Tiles(_tile(n_queries, min(inner, dkdv_n)), dkdv_n, warps, stages),
+            Tiles(dq_m, _tile(n_keys, min(inner, dq_m)), warps, stages))
 
 
 def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
@@ -482,14 +487,17 @@ def flash_attn_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor
     n_keys = k.shape[1]
     delta = (grad_o.float() * o.float()).sum(dim=-1)                   # D = rowsum(dO * O)
     grad_q, grad_k, grad_v = _backward_outputs(q, k, v)
-    tiles = _backward_tiles(n_queries, n_keys, d, q.dtype)
-    launch = dict(**_shape_constants(q, n_keys, tiles.block_m, tiles.block_n, is_causal),
-                  num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    dkdv, dq = _backward_tiles(n_queries, n_keys, d, q.dtype)
+
+    def launch(tiles: Tiles) -> dict:
+        return dict(**_shape_constants(q, n_keys, tiles.block_m, tiles.block_n, is_causal),
+                    num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     strides = (*q.stride(), *k.stride(), *logsumexp.stride())
-    wrap_triton(flash_bwd_dkdv_kernel)[(triton.cdiv(n_keys, tiles.block_n), batch)](
-        q, k, v, grad_o, logsumexp, delta, grad_k, grad_v, *strides, n_queries, n_keys, **launch)
-    wrap_triton(flash_bwd_dq_kernel)[(triton.cdiv(n_queries, tiles.block_m), batch)](
-        q, k, v, grad_o, logsumexp, delta, grad_q, *strides, n_queries, n_keys, **launch)
+    wrap_triton(flash_bwd_dkdv_kernel)[(triton.cdiv(n_keys, dkdv.block_n), batch)](
+        q, k, v, grad_o, logsumexp, delta, grad_k, grad_v, *strides, n_queries, n_keys,
+        **launch(dkdv))
+    wrap_triton(flash_bwd_dq_kernel)[(triton.cdiv(n_queries, dq.block_m), batch)](
+        q, k, v, grad_o, logsumexp, delta, grad_q, *strides, n_queries, n_keys, **launch(dq))
     return grad_q, grad_k, grad_v
 
 
