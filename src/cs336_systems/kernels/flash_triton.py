@@ -422,20 +422,21 @@ def _forward_tiles(n_queries, n_keys, d: int, dtype: torch.dtype) -> Tiles:
 def _backward_tiles(n_queries, n_keys, d: int, dtype: torch.dtype) -> tuple[Tiles, Tiles]:
     """The tiles of the dK/dV pass and of the dQ pass. Each walks inner tiles inside its own
     outer tile (query tiles inside a key tile, key tiles inside a query tile), so the inner tile
-    divides the outer one and the causal band is whole inner tiles. For 16-bit inputs, from a
-    sweep on an H200 (bf16, causal, 16 x 16384, square tiles 32 to 128, 4 or 8 warps, 1 to 3
-    stages): 64-wide tiles and 4 warps were fastest at d 64 (3 stages) and d 128 (2 stages; 2.8x
-    faster than 32-wide tiles, and 128-wide ones with 3 stages overflow shared memory)."""
-    if d > 128:
-        inner = outer = 16 if dtype == torch.float32 else 32
+    divides the outer one and the causal band is whole inner tiles. For 16-bit inputs up to
+    d 128, from sweeps on an H200 (bf16, causal, 16 x 16384; tiles 32 to 128, 4 or 8 warps, 1 to
+    3 stages, each pass on its own): dK/dV fastest with 64 x 64 tiles and 4 warps (3 stages at
+    d 64, 2 at d 128; 32-wide tiles were 2.8x slower at d 128), dQ with 128 query rows over 64
+    keys, 8 warps and 3 stages."""
+    if dtype == torch.float32:  # full-fp32 dots run on the FMA units: small tiles, no spills
+        side = 16 if d > 128 else 32
+        dkdv = dq = Tiles(side, side, 4 if d <= 128 else 8, 2)
+    elif d > 128:
+        dkdv = dq = Tiles(32, 32, 8, 2)
     else:
-        inner = outer = 32 if dtype == torch.float32 else 64
-    stages = 3 if d <= 64 and dtype != torch.float32 else 2
-    warps = 4 if d <= 128 else 8
-    dkdv_n = _tile(n_keys, outer)
-    dq_m = _tile(n_queries, outer)
-    return (Tiles(_tile(n_queries, min(inner, dkdv_n)), dkdv_n, warps, stages),
-            Tiles(dq_m, _tile(n_keys, min(inner, dq_m)), warps, stages))
+        dkdv, dq = Tiles(64, 64, 4, 3 if d <= 64 else 2), Tiles(128, 64, 8, 3)
+    dkdv_n, dq_m = _tile(n_keys, dkdv.block_n), _tile(n_queries, dq.block_m)
+    return (dkdv._replace(block_m=_tile(n_queries, min(dkdv.block_m, dkdv_n)), block_n=dkdv_n),
+            dq._replace(block_m=dq_m, block_n=_tile(n_keys, min(dq.block_n, dq_m))))
 
 
 def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
