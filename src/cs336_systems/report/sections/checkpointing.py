@@ -402,7 +402,8 @@ def step_facts(frame: pd.DataFrame, predicted: dict | None) -> dict:
                   ref["step_ms_std"])
     out["best"] = {**by_size[str(k)], "block_size": k, "time": cmp, **near,
                    "next_smaller_row": by_size.get(str(near["next_smaller"])),
-                   "next_larger_row": by_size.get(str(near["next_larger"]))}
+                   "next_larger_row": by_size.get(str(near["next_larger"])),
+                   "is_reference": str(k) == str(ref["block_size"])}
     out["saving"] = None
     if len(none) and none["status"].iloc[0] == "ok":
         n = none.iloc[0]
