@@ -27,14 +27,15 @@ CPU_ENV = {"device": "cpu", "gpu": None, "torch": "2.x", "triton": None, "git": 
 def _outputs(tmp_path: Path) -> dict[str, str]:
     return {"table": str(tmp_path / "tables/flash.csv"),
             "leaderboard_table": str(tmp_path / "tables/flash_leaderboard.csv"),
+            "speed_table": str(tmp_path / "tables/flash_speed.csv"),
             "latency_figure": str(tmp_path / "figures/flash_latency_vs_seq.png"),
             "speedup_figure": str(tmp_path / "figures/flash_speedup.png")}
 
 
 def _build(tmp_path: Path, records: list[str], board: list[str],
-           assignment: dict = ASSIGNMENT) -> dict:
+           assignment: dict = ASSIGNMENT, speed: list[str] = ()) -> dict:
     """build(), then its facts through JSON as the pipeline stores them."""
-    facts = flash.build({"records": records, "leaderboard": board},
+    facts = flash.build({"records": records, "leaderboard": board, "speed": list(speed)},
                         {"assignment": assignment}, _outputs(tmp_path))
     write_facts(tmp_path / "flash.json", facts)
     return read_facts(tmp_path / "flash.json")
@@ -257,7 +258,7 @@ def test_skipped_and_oom_configurations(tmp_path):
     # a leaderboard pass that ran out of memory shows oom, as in the main table
     sdpa_row = next(line for line in board_facts["table"].splitlines() if "torch SDPA" in line)
     assert [c.strip() for c in sdpa_row.strip("|").split("|")] == [
-        "torch SDPA", "ok", "1.500", "oom", "oom"]
+        "torch SDPA", "ok", "1.500", "oom", "oom", ""]
 
 
 def test_the_assignment_matrix_comes_from_the_options(tmp_path):

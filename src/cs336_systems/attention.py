@@ -4,18 +4,21 @@ Every implementation has the signature `attention(q, k, v, is_causal) -> out` wi
 out of shape (..., seq, d_head): the model calls it on (batch, heads, seq, d_head), the flash
 benchmark on (batch, seq, d). Register new ones (annotated, compiled, other kernels) in
 `ATTENTION_IMPLEMENTATIONS`; the config schema's enums, the CLIs' choices and the report's labels
-all read this registry.
+all read this registry. `sdpa` is SDPA with torch's own choice of backend; `sdpa-flash` and
+`sdpa-cudnn` pin one backend each (`unavailable_reason` says where one cannot run).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import record_function
 
 
@@ -76,6 +79,49 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> 
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 
+def sdpa_flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    """`sdpa_attention` pinned to SDPA's flash backend (FlashAttention-2 kernels in PyTorch).
+
+    `sdpa_kernel` inside the function is traced by torch.compile (dynamo), so the pinned
+    backend holds in compiled code too.
+    """
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return sdpa_attention(q, k, v, is_causal)
+
+
+def sdpa_cudnn_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    """`sdpa_attention` pinned to SDPA's cuDNN backend (cuDNN's fused attention)."""
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return sdpa_attention(q, k, v, is_causal)
+
+
+# How SDPA says that no enabled backend takes these inputs: CUDA builds, then CPU builds.
+_SDPA_NO_KERNEL = ("No available kernel", "No viable backend")
+
+
+def unavailable_reason(name: str, q: Tensor, k: Tensor, v: Tensor,
+                       is_causal: bool = False) -> str | None:
+    """Why implementation `name` cannot run these inputs on this machine, or None if it can.
+
+    Only implementations pinned to one SDPA backend can be unavailable (a GPU too old, a build
+    without the backend, a head dimension it does not take); SDPA says so by raising at the
+    call, with its reasons as warnings just before. This runs one forward without autograd.
+    """
+    if not _lookup(name).pinned_backend:
+        return None
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        try:
+            get_attention(name)(q, k, v, is_causal)
+        except RuntimeError as error:
+            if not any(phrase in str(error) for phrase in _SDPA_NO_KERNEL):
+                raise
+            reasons = [" ".join(str(w.message).split()) for w in caught]
+            first_line = str(error).splitlines()[0]
+            return f"{attention_label(name)} cannot run here: " + "; ".join(reasons or [first_line])
+    return None
+
+
 def _per_head(kernel, q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
     """Run a (batch, seq, d) kernel over (..., seq, d) inputs by folding the leading dims."""
     lead = q.shape[:-2]
@@ -103,12 +149,15 @@ class Attention:
     fn: Callable[..., Tensor]
     label: str
     kernel_module: str | None = None
+    pinned_backend: bool = False  # one SDPA backend only: may not run on every machine
 
 
 ATTENTION_IMPLEMENTATIONS: dict[str, Attention] = {
     "eager": Attention(eager_attention, "plain PyTorch"),
     "annotated": Attention(annotated_attention, "plain PyTorch, profiler ranges"),
     "sdpa": Attention(sdpa_attention, "torch SDPA"),
+    "sdpa-flash": Attention(sdpa_flash_attention, "SDPA flash", pinned_backend=True),
+    "sdpa-cudnn": Attention(sdpa_cudnn_attention, "SDPA cuDNN", pinned_backend=True),
     "flash-triton": Attention(flash_triton_attention, "Triton FA2",
                               "cs336_systems.kernels.flash_triton"),
     "flash-pytorch": Attention(flash_pytorch_attention, "PyTorch FA2 (tiled)",

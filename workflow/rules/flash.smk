@@ -1,9 +1,11 @@
 # flash_benchmarking (assignment 4.4): one job per (implementation, seq, d, dtype); the
-# leaderboard case (4.5, 2025) as one job per implementation; then the section's tables,
-# figures and facts. Each job lists the kernel module of its own implementation as a source,
-# so editing kernels/flash_triton.py redoes the flash-triton jobs and nothing else.
+# leaderboard case (4.5, 2025) as one job per implementation; the speed targets as one job per
+# group; then the section's tables, figures and facts. Each job lists the kernel modules of its
+# own implementations as sources, so editing kernels/flash_triton.py redoes the jobs that run
+# flash-triton and nothing else.
 
 from cs336_systems.attention import ATTENTION_IMPLEMENTATIONS, attention_modules
+from cs336_systems.speed_targets import GROUPS, group_args, group_modules
 from cs336_systems.timing import PRECISIONS
 
 FLASH = P["flash"]
@@ -13,6 +15,8 @@ LEADERBOARD_RECORD = f"{RESULTS}/flash_leaderboard/{{impl}}.json"
 FLASH_RECORDS = expand(FLASH_RECORD, impl=FLASH["implementations"], seq=FLASH["seq_lengths"],
                        d=FLASH["d_heads"], dtype=FLASH["dtypes"])
 LEADERBOARD_RECORDS = expand(LEADERBOARD_RECORD, impl=LEADERBOARD["implementations"])
+SPEED_RECORD = f"{RESULTS}/flash_speed/{{group}}.json"
+SPEED_RECORDS = expand(SPEED_RECORD, group=GROUPS)
 FLASH_CATEGORY = "4 FlashAttention-2"
 
 
@@ -67,10 +71,33 @@ rule flash_leaderboard:
         JOB_SCRIPT
 
 
+# The speed targets (issue 11): one job per group of targets, timing ours and the group's
+# references in one process.
+rule flash_speed:
+    input:
+        lambda wildcards: sources("cs336_systems.experiments.flash_speed",
+                                  *group_modules(wildcards.group)),
+    output:
+        SPEED_RECORD,
+    log:
+        log_for(SPEED_RECORD),
+    wildcard_constraints:
+        group=one_of(GROUPS),
+    params:
+        job="experiment",
+        cli="cs336_systems.experiments.flash_speed",
+        args=lambda wildcards: {**group_args(wildcards.group, FLASH), "device": DEVICE},
+    resources:
+        **measuring_job(),
+    script:
+        JOB_SCRIPT
+
+
 rule flash_tables:
     input:
         records=FLASH_RECORDS,
         leaderboard=LEADERBOARD_RECORDS,
+        speed=SPEED_RECORDS,
         code=sources("cs336_systems.report.sections.flash"),
     output:
         facts=facts("flash"),
@@ -78,6 +105,8 @@ rule flash_tables:
         leaderboard_table=report(table("flash_leaderboard"),
                                  caption=caption("flash_leaderboard"),
                                  category=FLASH_CATEGORY),
+        speed_table=report(table("flash_speed"), caption=caption("flash_speed"),
+                           category=FLASH_CATEGORY),
         latency_figure=report(figure("flash_latency_vs_seq"),
                               caption=caption("flash_latency_vs_seq"),
                               category=FLASH_CATEGORY),

@@ -6,9 +6,10 @@
 Times forward, backward and forward+backward with `triton.testing.do_bench` (median, ms).
 `--impl` names an implementation of the attention registry (`cs336_systems.attention`):
 `flash-triton` (our FlashAttention-2 kernels), `flash-pytorch` (our tiled PyTorch version),
-`eager` (softmax(q k^T / sqrt(d)) v in plain PyTorch ops) and `sdpa` (torch's
-scaled_dot_product_attention). On a CPU the Triton kernels run under TRITON_INTERPRET=1, which
-this CLI sets when no CUDA device is present.
+`eager` (softmax(q k^T / sqrt(d)) v in plain PyTorch ops), `sdpa` (torch's
+scaled_dot_product_attention) and `sdpa-flash` / `sdpa-cudnn` (SDPA pinned to one backend; a
+backend that cannot run the inputs here records `skipped` with SDPA's reason). On a CPU the
+Triton kernels run under TRITON_INTERPRET=1, which this CLI sets when no CUDA device is present.
 """
 
 from __future__ import annotations
@@ -21,12 +22,20 @@ import torch
 if not torch.cuda.is_available():  # before anything imports triton
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from cs336_systems.attention import ATTENTION_IMPLEMENTATIONS, get_attention  # noqa: E402
+from cs336_systems.attention import (ATTENTION_IMPLEMENTATIONS, get_attention,  # noqa: E402
+                                     unavailable_reason)
 from cs336_systems.experiments.cli import add_common_arguments, positive_int  # noqa: E402
 from cs336_systems.kernels.checks import MAX_HEAD_DIM  # noqa: E402
 from cs336_systems.memory import peak_gib  # noqa: E402
 from cs336_systems.records import Skip, run_and_record  # noqa: E402
 from cs336_systems.timing import PRECISIONS, benchmark_ms  # noqa: E402
+
+
+def attention_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+                     ) -> tuple[torch.Tensor, ...]:
+    """q, k and v of `shape`, requiring grad, and an output gradient: standard normal."""
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    return q, k, v, torch.randn(shape, device=device, dtype=dtype)
 
 
 def measure(config: dict, device: torch.device) -> dict:
@@ -37,13 +46,14 @@ def measure(config: dict, device: torch.device) -> dict:
     if triton_on_cpu and config["compile"]:
         raise Skip("torch.compile cannot trace kernels run by Triton's CPU interpreter")
     torch.manual_seed(config["seed"])
-    shape = (config["batch_size"], config["seq"], config["d"])
-    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
-    grad_o = torch.randn(shape, device=device, dtype=dtype)
+    q, k, v, grad_o = attention_inputs((config["batch_size"], config["seq"], config["d"]), dtype,
+                                       device)
+    causal = config["causal"]
+    if reason := unavailable_reason(config["impl"], q, k, v, causal):
+        raise Skip(reason)
     attend = get_attention(config["impl"])
     if config["compile"]:
         attend = torch.compile(attend)
-    causal = config["causal"]
 
     def forward():
         return attend(q, k, v, causal)

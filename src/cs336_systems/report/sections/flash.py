@@ -1,11 +1,13 @@
 """FlashAttention-2 (assignment §4): the flash_benchmarking and leaderboard tables, figures and
-facts, from the records of `cs336_systems.experiments.flash`.
+facts, from the records of `cs336_systems.experiments.flash`, and the speed targets' table
+(`report/flash_speed.py`, from the records of `experiments/flash_speed.py`).
 
 `build` is the section's entry point (`cs336_systems.jobs.section_tables`); its facts are
 rendered by `templates/flash.md.j2`. `options["assignment"]` is the assignment's own matrix (the
 config's `defaults.flash`): what of it this preset leaves out goes into the coverage notes.
 Speed-ups are ratios of do_bench medians (one number per cell, no spread), so no fact claims a
-difference is beyond noise.
+difference is beyond noise. Throughput is in TFLOP/s of the FlashAttention-2 paper's count
+(`pass_flops`). Each table's facts say which commits its records came from.
 """
 
 from __future__ import annotations
@@ -14,20 +16,27 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336_systems.attention import attention_label
-from cs336_systems.report import figures
+from cs336_systems.attention import attention_label, attention_part_flops
+from cs336_systems.report import figures, flash_speed
 from cs336_systems.report.facts import covered, jsonable, not_ok, reason, speedup
 from cs336_systems.report.render import fmt
 from cs336_systems.report.tables import (ensure_columns, env_columns, env_summary,
                                          records_frame, to_markdown, write_table)
+from cs336_systems.speed_targets import CLASS_BEST_MS, OURS
 
 PASSES = ["forward", "backward", "forward_backward"]
 CONFIG_COLUMNS = ["impl", "seq", "d", "dtype", "batch_size", "causal", "compile"]
 METRIC_COLUMNS = [f"{p}_ms" for p in PASSES] + [f"{p}_status" for p in PASSES] + ["peak_gib"]
+TFLOPS_COLUMNS = [f"{p}_tflops" for p in PASSES]
 SHAPE_KEYS = ["d", "dtype", "seq"]
+# FLOPs of each pass as multiples of the forward's, and the share of the score matrix a causal
+# kernel computes: the FlashAttention-2 paper's convention (backward: five matmuls against the
+# forward's two; causal: half the scores).
+PASS_FLOPS = {"forward": 1.0, "backward": 2.5, "forward_backward": 3.5}
+CAUSAL_FRACTION = 0.5
 # Display order; the speed-ups are of FLASH over each REFERENCES implementation.
-IMPL_ORDER = ["flash-triton", "flash-pytorch", "sdpa", "eager"]
-FLASH = "flash-triton"
+IMPL_ORDER = ["flash-triton", "flash-pytorch", "sdpa", "sdpa-flash", "sdpa-cudnn", "eager"]
+FLASH = OURS
 REFERENCES = ("eager", "sdpa")
 # A rule of thumb, not a measurement: under this (forward+backward, ms) kernel-launch and
 # Python overhead are a large share of a cell's time.
@@ -35,14 +44,30 @@ LAUNCH_BOUND_MS = 0.2
 # The leaderboard case's keys that the config sets (the leaderboard rule always times it
 # causal and compiled).
 LEADERBOARD_KEYS = ("batch_size", "seq", "d", "dtype")
-# The class's best leaderboard entry (on an H100): a figure the assignment quotes, never
-# measured here.
-CLASS_BEST_H100_MS = 5.364
 CODE_AND_TESTS = ("by the kernels and their tests (tests/test_kernels.py), not by a job of "
                   "this pipeline")
 
 
 # --- tables and figures ----------------------------------------------------------------------
+
+def pass_flops(batch: int, seq: int, d: int, causal: bool, pass_name: str) -> float:
+    """FLOPs of one pass of attention over q, k, v of (batch, seq, d): the forward's two
+    matmuls, q k^T and P v (`attention_part_flops`, 2 per multiply-add; the softmax is not
+    counted), times CAUSAL_FRACTION under a causal mask, times PASS_FLOPS[pass_name]."""
+    parts = attention_part_flops(batch, seq, d)
+    forward = parts["attention.scores"] + parts["attention.output"]
+    return forward * (CAUSAL_FRACTION if causal else 1.0) * PASS_FLOPS[pass_name]
+
+
+def with_tflops(frame: pd.DataFrame) -> pd.DataFrame:
+    """`{pass}_tflops` for each pass with a time: pass_flops / time."""
+    for p in PASSES:
+        frame[f"{p}_tflops"] = [
+            pass_flops(int(r["batch_size"]), int(r["seq"]), int(r["d"]), bool(r["causal"]), p)
+            / (r[f"{p}_ms"] * 1e-3) / 1e12 if pd.notna(r[f"{p}_ms"]) else float("nan")
+            for _, r in frame.iterrows()]
+    return frame
+
 
 def build_table(record_paths: list[str]) -> pd.DataFrame:
     """One row per record; each pass has a time or a status of its own (`ok`, `oom`, or the
@@ -54,9 +79,10 @@ def build_table(record_paths: list[str]) -> pd.DataFrame:
         missing = frame[f"{p}_ms"].isna() & frame[f"{p}_status"].isna()
         frame.loc[missing, f"{p}_status"] = frame.loc[missing, "status"]
         frame.loc[frame[f"{p}_ms"].notna(), f"{p}_status"] = "ok"
+    frame = with_tflops(frame)
     frame["impl_rank"] = frame["impl"].map({n: i for i, n in enumerate(IMPL_ORDER)})
     frame = frame.sort_values(["d", "dtype", "seq", "impl_rank"])
-    return frame[CONFIG_COLUMNS + ["status"] + METRIC_COLUMNS + ["message"]
+    return frame[CONFIG_COLUMNS + ["status"] + METRIC_COLUMNS + TFLOPS_COLUMNS + ["message"]
                  + env_columns(frame)]
 
 
@@ -71,13 +97,20 @@ def _cell(row: pd.Series) -> str:
     return " / ".join(_pass(row, p) for p in PASSES)
 
 
+def _tflops(row: pd.Series) -> str:
+    """Forward+backward TFLOP/s ('' where it has no time)."""
+    return fmt(row["forward_backward_tflops"], 1)
+
+
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per (d, dtype, seq), one column per implementation (blank: no record)."""
+    """One row per (d, dtype, seq); per implementation, its three times and its
+    forward+backward TFLOP/s (blank: no record)."""
     rows = []
     for (d, dtype, seq), group in table.groupby(SHAPE_KEYS, sort=True):
         row = {"d": d, "dtype": dtype, "seq": seq}
         for _, r in group.iterrows():
             row[f"{attention_label(r['impl'])} ms"] = _cell(r)
+            row[f"{attention_label(r['impl'])} TFLOP/s"] = _tflops(r)
         rows.append(row)
     return pd.DataFrame(rows).fillna("")
 
@@ -90,6 +123,7 @@ def leaderboard_display(board: pd.DataFrame) -> pd.DataFrame:
         "status": board["status"],
         **{f"{p.replace('_', '+')} ms": [_pass(r, p) for _, r in board.iterrows()]
            for p in PASSES},
+        "forward+backward TFLOP/s": [_tflops(r) for _, r in board.iterrows()],
     })
 
 
@@ -265,9 +299,9 @@ def leaderboard_facts(board: pd.DataFrame, assignment: dict) -> dict:
         "sdpa_ms": sdpa_ms,
         # ratio = SDPA time / Triton time: above 1, Triton is faster
         "vs_sdpa": speedup(triton_ms, sdpa_ms),
-        "class_best_ms": CLASS_BEST_H100_MS,
+        "class_best_ms": CLASS_BEST_MS,
         # ratio = class best / Triton time; only meaningful on the assignment's shape
-        "vs_class_best": speedup(triton_ms, CLASS_BEST_H100_MS) if assignment_shape else None,
+        "vs_class_best": speedup(triton_ms, CLASS_BEST_MS) if assignment_shape else None,
         "not_ok": [{**r, "label": attention_label(r["impl"])}
                    for r in not_ok(board, ["impl"])],
     }
@@ -293,21 +327,33 @@ def coverage(table: pd.DataFrame, board: pd.DataFrame, assignment: dict) -> dict
     }
 
 
+def commits(table: pd.DataFrame, column: str = "env_git") -> dict:
+    """The commits a table's records came from, and whether there are several."""
+    found = sorted({str(c) for c in table[column].dropna()}) if column in table else []
+    return {"commits": found, "mixed": len(found) > 1}
+
+
 def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:
-    """Write the flash table, the leaderboard table and both figures to `outputs`; return the
-    section's facts. options: assignment, the assignment's matrix (the config's
-    `defaults.flash`)."""
+    """Write the flash table, the leaderboard table, the speed table and both figures to
+    `outputs`; return the section's facts. options: assignment, the assignment's matrix (the
+    config's `defaults.flash`)."""
     assignment = options["assignment"]
     table = build_table(records["records"])
     board = build_table(records["leaderboard"])
+    speed = flash_speed.speed_table(records["speed"])
     write_table(table, outputs["table"])
     write_table(board, outputs["leaderboard_table"])
+    write_table(speed, outputs["speed_table"])
     latency_figure(table, outputs["latency_figure"])
     speedup_figure(table, outputs["speedup_figure"])
 
     timed = table.dropna(subset=["forward_backward_ms"])
     return {
         "env": env_summary(table, board),
+        "commits": {"flash": commits(table), "leaderboard": commits(board),
+                    "speed": commits(speed, "commit")},
+        "flops": {"pass_factors": PASS_FLOPS, "causal_fraction": CAUSAL_FRACTION},
+        "speed": flash_speed.speed_facts(speed, records["speed"]),
         "coverage": coverage(table, board, assignment),
         "flash_label": attention_label(FLASH),
         "batch_size": _only(table["batch_size"]),
