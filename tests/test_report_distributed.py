@@ -28,13 +28,14 @@ OUTPUTS = {"allreduce_table": "tables/allreduce.csv", "ddp_table": "tables/ddp.c
            "sharded_table": "tables/sharded_optimizer.csv",
            "accounting_table": "tables/communication_accounting.csv",
            "allreduce_figure": "figures/allreduce_bandwidth.png",
-           "ddp_figure": "figures/ddp_step_time.png"}
+           "ddp_figure": "figures/ddp_step_time.png",
+           "overlap_figure": "figures/ddp_overlap.png"}
 DISTRIBUTED_PROBLEMS = {
     "distributed_communication_single_node", "naive_ddp", "naive_ddp_benchmarking",
     "minimal_ddp_flat_benchmarking", "ddp_overlap_individual_parameters",
     "ddp_overlap_individual_parameters_benchmarking", "ddp_overlap_bucketed",
     "ddp_bucketed_benchmarking", "communication_accounting", "optimizer_state_sharding",
-    "optimizer_state_sharding_accounting", "fsdp"}
+    "optimizer_state_sharding_accounting"}
 
 
 def _records(root: Path) -> dict[str, list[str]]:
@@ -98,7 +99,7 @@ def test_tables_and_figures_are_written_one_row_per_record(built):
     for name, key in (("allreduce_table", "allreduce"), ("ddp_table", "ddp"),
                       ("sharded_table", "sharded"), ("accounting_table", "accounting")):
         assert len(pd.read_csv(outputs[name])) == len(records[key])
-    for name in ("allreduce_figure", "ddp_figure"):
+    for name in ("allreduce_figure", "ddp_figure", "overlap_figure"):
         assert Path(outputs[name]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -176,17 +177,18 @@ def test_rank_scaling_compares_each_world_size_with_the_smallest(facts):
 # --- DDP -----------------------------------------------------------------------------------
 
 def test_variants_come_in_the_order_of_DDP_VARIANTS(facts):
-    order = [v["variant"] for v in facts["ddp"]["variants"]]
+    order = [v["variant"] for v in facts["ddp"]["sizes"][0]["variants"]]
     ranks = [list(DDP_VARIANTS).index(v) for v in order]
     assert ranks == sorted(ranks)
-    buckets = [v["label"] for v in facts["ddp"]["variants"] if v["variant"] == "bucketed"]
+    buckets = [v["label"] for v in facts["ddp"]["sizes"][0]["variants"]
+               if v["variant"] == "bucketed"]
     assert buckets == ["bucketed 1 MiB", "bucketed 10 MiB", "bucketed 100 MiB",
                        "bucketed 1000 MiB"]
 
 
 def test_naive_to_flat_communication_is_the_records(facts):
     naive, flat = ddp("naive"), ddp("flat")
-    nf = facts["ddp"]["naive_vs_flat"]
+    nf = facts["ddp"]["sizes"][0]["naive_vs_flat"]
     assert nf["naive_communicate"]["ms"] == naive["communicate_ms_mean"]
     assert nf["flat_communicate"]["ms"] == flat["communicate_ms_mean"]
     assert nf["naive_step"]["ms"] == naive["step_ms_mean"]
@@ -197,7 +199,7 @@ def test_naive_to_flat_communication_is_the_records(facts):
     step_tie = (abs(naive["step_ms_mean"] - flat["step_ms_mean"])
                 <= naive["step_ms_std"] + flat["step_ms_std"])
     assert nf["step"]["within_spread"] is step_tie
-    share = facts["ddp"]["naive_communication_share"]["fraction"]
+    share = facts["ddp"]["sizes"][0]["naive_communication_share"]["fraction"]
     assert share == pytest.approx(naive["communicate_ms_mean"] / naive["step_ms_mean"])
 
 
@@ -205,7 +207,7 @@ def test_our_best_against_torch_ddp_is_the_ratio_of_the_two_step_means(facts):
     ours = {p.stem: _metrics(p) for p in (REFERENCE / "ddp").glob("*.json") if p.stem != "torch"}
     best = min(ours, key=lambda name: ours[name]["step_ms_mean"])
     torch_ddp = ddp("torch")
-    vs = facts["ddp"]["vs_torch"]
+    vs = facts["ddp"]["sizes"][0]["vs_torch"]
     assert vs["ours"]["ms"] == ours[best]["step_ms_mean"]
     assert vs["torch"]["ms"] == torch_ddp["step_ms_mean"]
     assert vs["speedup"]["ratio"] == pytest.approx(torch_ddp["step_ms_mean"]
@@ -216,7 +218,7 @@ def test_our_best_against_torch_ddp_is_the_ratio_of_the_two_step_means(facts):
     assert vs["speedup"]["within_spread"] is (
         apart <= torch_ddp["step_ms_std"] + ours[best]["step_ms_std"])
     fastest = min([*ours.values(), torch_ddp], key=lambda m: m["step_ms_mean"])
-    assert facts["ddp"]["fastest"]["ms"] == fastest["step_ms_mean"]
+    assert facts["ddp"]["sizes"][0]["fastest"]["ms"] == fastest["step_ms_mean"]
 
 
 def test_collective_busy_time_is_reported_missing_where_the_records_lack_it(facts):
@@ -259,7 +261,7 @@ def test_profiled_steps_and_busy_time_of_new_records(tmp_path):
     assert facts["ddp"]["profile_steps"] == [3]
     assert facts["ddp"]["profile_steps_missing"] == []
     assert facts["ddp"]["collective_busy_missing"] == []
-    assert all(v["profile_steps"] == 3 for v in facts["ddp"]["variants"])
+    assert all(v["profile_steps"] == 3 for v in facts["ddp"]["sizes"][0]["variants"])
     assert "n/a" not in facts["ddp"]["table"]
     markdown = render("distributed.md.j2", facts, link_base=tmp_path)
     words = " ".join(markdown.split())
@@ -279,14 +281,19 @@ def test_coverage_notes_follow_the_assignment_matrix_of_the_options(facts, tmp_p
     note = facts["coverage"]["distributed_communication_single_node"]
     assert absent and note["status"] == "partly answered"
     assert f"no runs with {' and '.join(map(str, absent))} processes" in note["note"]
-    # the reference run is the assignment's DDP setup: no setup gap
+    # the reference run is the assignment's DDP setup at 2025's xl only: 2026's is missing
     assert facts["coverage"]["naive_ddp_benchmarking"] == {
+        "status": "partly answered", "anchor": "naive_ddp_benchmarking",
+        "note": "no 2.7b (the 2026 edition's xl) runs in this preset"}
+    xl_only = {**ASSIGNMENT, "ddp": {**ASSIGNMENT["ddp"], "sizes": ["xl"]}}
+    xl_facts, _ = _build(_records(REFERENCE), tmp_path / "xl", xl_only)
+    assert xl_facts["coverage"]["naive_ddp_benchmarking"] == {
         "status": "answered", "note": "", "anchor": "naive_ddp_benchmarking"}
 
     # a matrix the records cover, and one with another model and a backend never run
     covered_matrix = {**ASSIGNMENT, "allreduce": {**ASSIGNMENT["allreduce"], "world_sizes": [2]}}
     other = {**ASSIGNMENT, "allreduce": {**ASSIGNMENT["allreduce"], "backends": ["mpi"]},
-             "ddp": {**ASSIGNMENT["ddp"], "size": "large"}}
+             "ddp": {**ASSIGNMENT["ddp"], "sizes": ["large"]}}
     covered_facts, _ = _build(_records(REFERENCE), tmp_path / "covered", covered_matrix)
     assert covered_facts["coverage"]["distributed_communication_single_node"]["status"] \
         == "answered"
@@ -301,21 +308,30 @@ def test_coverage_notes_follow_the_assignment_matrix_of_the_options(facts, tmp_p
 # --- the bucketed overhead model -----------------------------------------------------------
 
 def test_overhead_model_predictions_and_optimum(facts):
-    model = facts["overhead"]
-    assert model["available"]
+    (model,) = facts["overhead"]["sizes"]
+    assert facts["overhead"]["available"] and model["available"] and model["size"] == "xl"
     o_ms, w_gbps = fit_latency_bandwidth(allreduce_rows("nccl"))
     assert (model["o_ms"], model["w_gbps"]) == pytest.approx((o_ms, w_gbps))
     naive = ddp("naive")
-    compute_ms = naive["forward_ms_mean"] + naive["backward_ms_mean"] + naive["optimizer_ms_mean"]
     w_bytes_per_ms = w_gbps * 1e9 / 1e3
     rows = {row["bucket_mib"]: row for row in model["rows"]}
     for mb in (1, 10, 100, 1000):
         record = ddp(f"bucketed-{mb}mb")
         s, n_b = record["gradient_bytes"], record["buckets"]
         expected = s / (n_b * w_bytes_per_ms) + n_b * o_ms  # s / (n_b w) + n_b o
-        assert rows[mb]["buckets"] == n_b
-        assert rows[mb]["predicted_ms"] == pytest.approx(expected, rel=1e-12)
-        assert rows[mb]["measured_ms"] == pytest.approx(record["step_ms_mean"] - compute_ms)
+        row = rows[mb]
+        assert row["buckets"] == n_b
+        assert row["predicted_ms"] == pytest.approx(expected, rel=1e-12)
+        # measured in the same run: the wait after its own backward
+        assert row["measured"]["ms"] == record["communicate_ms_mean"]
+        gap = record["communicate_ms_mean"] - expected
+        assert row["gap_ms"] == pytest.approx(gap)
+        assert row["verdict"] == ("inside the spread" if abs(gap) <= record["communicate_ms_std"]
+                                  else "above" if gap > 0 else "below")
+        assert row["backward_slowdown_ms"] == pytest.approx(
+            record["backward_ms_mean"] - naive["backward_ms_mean"])
+    assert {r["bucket_mib"] for r in model["above"] + model["below"] + model["fits"]} \
+        == {1, 10, 100, 1000}
     s = ddp("naive")["gradient_bytes"]
     assert model["s_bytes"] == s
     assert model["b_star_bytes"] == pytest.approx(math.sqrt(s * w_bytes_per_ms * o_ms))
@@ -326,8 +342,18 @@ def test_overhead_model_predictions_and_optimum(facts):
         return s / (n * w_bytes_per_ms) + n * o_ms
 
     assert overhead(n_star) < min(overhead(0.9 * n_star), overhead(1.1 * n_star))
-    gaps = [row["measured_ms"] - row["predicted_ms"] for row in model["rows"]]
-    assert (model["gap_min_ms"], model["gap_max_ms"]) == pytest.approx((min(gaps), max(gaps)))
+
+
+def test_overhead_sentences_say_by_how_much_the_model_misses(facts, markdown):
+    words = " ".join(markdown.split())
+    (model,) = facts["overhead"]["sizes"]
+    for row in model["below"]:
+        assert f"{-row['gap_ms']:.2f} ms below the predicted {row['predicted_ms']:.2f} ms" in words
+    for row in model["above"]:
+        assert f"{row['gap_ms']:.2f} ms above the predicted {row['predicted_ms']:.2f} ms" in words
+    assert (f"takes {model['backward_slowdown_min_ms']:.1f} to "
+            f"{model['backward_slowdown_max_ms']:.1f} ms longer than naive DDP's") in words
+    assert "(2025 edition only)" in words
 
 
 # --- sharding ------------------------------------------------------------------------------
@@ -342,12 +368,13 @@ def test_sharded_state_and_times_are_the_ratios_of_the_two_records(facts):
                                                                / s["optimizer_ms_mean"])
     assert f["optimizer"]["speedup"]["word"] == ("faster" if s["optimizer_ms_mean"]
                                                  < r["optimizer_ms_mean"] else "slower")
+    # the reference records predate the per-window peaks, and the section says so
+    assert not f["has_memory_readings"]
+    assert f["no_readings_because"] == "these records predate the per-window peaks"
     for name, m in (("replicated", r), ("sharded", s)):
         memory = f["memory"][name]
-        assert memory["peak_gib"] == m["peak_gib"]
-        assert memory["before_step_gib"] == m["allocated_gib_before_step"]
-        known = m["parameter_gib"] + 2 * m["gradient_gib"] + m["optimizer_state_gib"]
-        assert memory["other_gib"] == pytest.approx(m["peak_gib"] - known)
+        assert memory["state_gib"] == pytest.approx(
+            m["parameter_gib"] + m["gradient_gib"] + m["optimizer_state_gib"])
 
 
 def test_accounting_facts_are_the_record(facts):
@@ -370,14 +397,15 @@ def test_template_renders_the_numbers_and_verdicts(facts, markdown):
         assert f"`{problem}`" in markdown
     torch_ddp = ddp("torch")
     assert f"{torch_ddp['step_ms_mean']:.1f} ± {torch_ddp['step_ms_std']:.1f} ms" in markdown
-    vs = facts["ddp"]["vs_torch"]["speedup"]
+    vs = facts["ddp"]["sizes"][0]["vs_torch"]["speedup"]
     assert f"{fmt_ratio(vs['factor'])} {vs['word']} than torch's" in markdown
     s, r = sharded("sharded"), sharded("replicated")
     percent = 100 * s["optimizer_state_gib"] / r["optimizer_state_gib"]
     assert f"{s['optimizer_state_gib']:.2f} GiB sharded ({percent:.0f}%" in markdown
-    assert f"b* = sqrt(s w o) = {facts['overhead']['b_star_mib']:.1f} MiB" in markdown
+    assert f"b* = sqrt(s w o) = {facts['overhead']['sizes'][0]['b_star_mib']:.1f} MiB" \
+        in " ".join(markdown.split())
     # naive -> flat step times are a tie inside the noise in these records, and say so
-    assert facts["ddp"]["naive_vs_flat"]["step"]["within_spread"]
+    assert facts["ddp"]["sizes"][0]["naive_vs_flat"]["step"]["within_spread"]
     assert "than naive, a difference inside the measured spread" in markdown
     assert "figures/ddp_step_time.png" in markdown and "{{" not in markdown
 
@@ -412,10 +440,150 @@ def _skipped_records(root: Path) -> dict[str, list[str]]:
 def test_all_skipped_records_give_skipped_coverage_and_a_section(tmp_path):
     facts, _ = _build(_skipped_records(tmp_path / "records"), tmp_path)
     statuses = {k: v["status"] for k, v in facts["coverage"].items()}
-    # FSDP is answered by its class and tests, whatever ran; its GPU benchmark is missing
-    assert statuses.pop("fsdp") == "partly answered"
+    # without the (CPU) check record, naive_ddp's check is the test-suite's
+    assert statuses.pop("naive_ddp") == "partly answered"
     assert set(statuses.values()) == {"skipped"}, statuses
     assert "no CUDA device" in facts["coverage"]["naive_ddp_benchmarking"]["note"]
     markdown = render("distributed.md.j2", facts, link_base=tmp_path)
     assert "No DDP variant ran." in markdown
     assert "Not measured: nccl x 2 at 1 MB (skipped: CUDA was requested" in markdown
+
+
+# --- records of the current experiments: two sizes, profiles, per-rank peaks, the check ----
+
+def _new_records(root: Path) -> dict[str, list[str]]:
+    """The reference records as the current experiments write them: DDP at 2025's xl and
+    2026's xl (2.7b, the same numbers), each with its profile's overlap numbers and timeline;
+    the sharded runs with per-window peaks on both ranks; and the CPU check."""
+    records = _records(REFERENCE)
+    records["ddp"] = []
+    for size in ("xl", "2.7b"):
+        for path in sorted((REFERENCE / "ddp").glob("*.json")):
+            record = json.loads(path.read_text())
+            record["config"]["size"] = size
+            overlapped = record["config"]["variant"] != "naive"
+            record["metrics"].update(
+                collective_busy_ms_per_step=40.0, compute_busy_ms_per_step=380.0,
+                collective_hidden_ms_per_step=30.0 if overlapped else 0.4,
+                collective_hidden_fraction=0.75 if overlapped else 0.01, profile_steps=2,
+                timeline={"step_ms": 400.0, "compute": [[0.0, 350.0], [360.0, 400.0]],
+                          "collective": [[100.0, 340.0]] if overlapped else [[350.0, 360.0]],
+                          "phases": {"forward": [0.0, 120.0], "backward": [120.0, 350.0],
+                                     "communicate": [350.0, 360.0],
+                                     "optimizer": [360.0, 400.0]}})
+            copy = root / "ddp" / size / path.name
+            write_json_atomic(copy, record)
+            records["ddp"].append(str(copy))
+    records["sharded"] = []
+    for path in sorted((REFERENCE / "sharded_optimizer").glob("*.json")):
+        record = json.loads(path.read_text())
+        state = record["metrics"]["optimizer_state_gib"]
+        ranks = [{"peak_gib_init": 7.5, "allocated_gib_after_init": 7.45,
+                  "peak_gib_before_step": 30.0 + state, "allocated_gib_before_step": 15.0 + state,
+                  "peak_gib_step": 16.0 + state, "allocated_gib_after_step": 15.0 + state,
+                  "optimizer_state_gib": state + rank} for rank in range(2)]
+        record["metrics"].update(ranks[0], memory_per_rank=ranks)
+        copy = root / "sharded_optimizer" / path.name
+        write_json_atomic(copy, record)
+        records["sharded"].append(str(copy))
+    checks = [{"variant": v, "max_abs_diff": 2e-6, "equal": False, "allclose": True,
+               "rtol": 1.3e-6, "atol": 1e-5, "replicas_max_abs_diff": 0.0,
+               "moved_max_abs": 3e-3} for v in ("naive", "flat", "overlap", "bucketed")]
+    env = {"device": "cpu", "gpu": None, "torch": "x", "triton": None, "git": "test"}
+    check = root / "ddp_check.json"
+    write_json_atomic(check, make_record(
+        "ddp_check", {"size": "tiny", "context_length": 16, "batch_size": 4, "world_size": 2,
+                      "steps": 3, "seed": 0, "backend": "gloo"}, "ok",
+        {"checks": checks, "steps": 3, "learning_rate": 1e-3}, env))
+    records["ddp_check"] = [str(check)]
+    return records
+
+
+@pytest.fixture(scope="module")
+def new(tmp_path_factory):
+    root = tmp_path_factory.mktemp("new")
+    facts, outputs = _build(_new_records(root / "records"), root / "out")
+    markdown = render("distributed.md.j2", facts, link_base=root / "out")
+    return facts, outputs, " ".join(markdown.split())
+
+
+def test_each_edition_s_xl_is_named_and_measured_apart(new):
+    facts, _, words = new
+    assert [d["size"] for d in facts["ddp"]["sizes"]] == ["xl", "2.7b"]
+    assert [d["name"] for d in facts["ddp"]["sizes"]] == [
+        "xl (the 2025 edition's xl)", "2.7b (the 2026 edition's xl)"]
+    assert "xl (the 2025 edition's xl), 2.7b (the 2026 edition's xl)" in words
+    assert [o["size"] for o in facts["overhead"]["sizes"]] == ["xl", "2.7b"]
+    assert facts["coverage"]["naive_ddp_benchmarking"]["status"] == "answered"
+    assert "| 2.7b " in facts["ddp"]["table"]
+
+
+def test_overlap_evidence_comes_from_the_records_alone(new):
+    facts, outputs, words = new
+    evidence = {e["label"]: e for e in facts["ddp"]["sizes"][0]["evidence"]}
+    assert evidence["overlap"]["hidden_fraction"] == 0.75
+    assert evidence["naive"]["hidden_fraction"] == 0.01
+    assert "| 75% " in facts["ddp"]["sizes"][0]["evidence_table"]
+    assert "overlap: 75% of its 40.0 ms of collective time per step runs while" in words
+    assert "naive: 1% of its 40.0 ms" in words
+    assert Path(outputs["overlap_figure"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "figures/ddp_overlap.png" in words
+    assert "n/a" not in facts["ddp"]["table"]
+
+
+def test_a_record_without_a_timeline_draws_no_overlap_picture(facts, markdown):
+    assert facts["ddp"]["sizes"][0]["evidence"] == []
+    assert "there is no overlap picture in this run" in " ".join(markdown.split())
+
+
+def test_the_ddp_check_is_reported(new):
+    facts, _, words = new
+    assert facts["check"]["all_close"] and not facts["check"]["all_equal"]
+    assert facts["coverage"]["naive_ddp"] == {"status": "answered", "note": "",
+                                              "anchor": "naive_ddp"}
+    assert "| naive | 2e-06 | no | yes | 0 | 0.003 |" in words
+    assert "Every variant ends within torch.testing's float32 tolerances" in words
+    assert "Not bitwise" in words
+
+
+def test_a_failed_ddp_check_says_so(tmp_path):
+    records = _new_records(tmp_path / "records")
+    record = json.loads(Path(records["ddp_check"][0]).read_text())
+    record["metrics"]["checks"][0].update(allclose=False, max_abs_diff=0.5)
+    write_json_atomic(records["ddp_check"][0], record)
+    facts, _ = _build(records, tmp_path / "out")
+    assert facts["check"]["not_close"] == ["naive"]
+    assert facts["coverage"]["naive_ddp"]["status"] == "partly answered"
+    words = " ".join(render("distributed.md.j2", facts, link_base=tmp_path).split())
+    assert "Not within tolerance: naive." in words
+
+
+def test_sharded_peaks_per_window_and_rank(new):
+    facts, _, words = new
+    f = facts["sharded"]
+    assert f["has_memory_readings"]
+    rep, sh = f["memory"]["replicated"], f["memory"]["sharded"]
+    r = sharded("replicated")
+    assert rep["peak_before_step_gib"] == 30.0 + r["optimizer_state_gib"]
+    assert rep["before_step_above_state_gib"] == pytest.approx(
+        30.0 - r["parameter_gib"] - r["gradient_gib"])
+    assert rep["init_above_parameters_gib"] == pytest.approx(7.5 - r["parameter_gib"])
+    assert f["rank_peaks"]["sharded"] == [30.0 + sharded("sharded")["optimizer_state_gib"]] * 2
+    assert (f"during the step {rep['peak_step_gib']:.2f} -> {sh['peak_step_gib']:.2f} GiB"
+            in words)
+    rows = [" ".join(line.split()) for line in f["memory_table"].splitlines()]
+    assert "| replicated | 1 | 7.50 | 7.45 |" in " ".join(rows)
+    assert "of xl (the 2025 edition's xl) on 2 ranks" in words
+
+
+def test_a_step_time_tie_is_said_to_be_one(tmp_path):
+    records = _new_records(tmp_path / "records")
+    for path in records["sharded"]:
+        record = json.loads(Path(path).read_text())
+        record["metrics"].update(step_ms_mean=280.0, step_ms_std=5.0)
+        write_json_atomic(path, record)
+    facts, _ = _build(records, tmp_path / "out")
+    assert facts["sharded"]["step"]["speedup"]["within_spread"]
+    words = " ".join(render("distributed.md.j2", facts, link_base=tmp_path).split())
+    assert "a difference inside the measured spread, so these steps do not tell the two apart" \
+        in words

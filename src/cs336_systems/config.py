@@ -135,12 +135,13 @@ def _cross_checks(config: dict[str, Any]) -> list[str]:
         dist = preset_config["distributed"]
         for part in ("ddp", "sharded_optimizer"):
             c = dist[part]
-            longest = MODEL_SIZES[c["size"]].max_context_length
-            if c["context_length"] > longest:
-                problems.append(
-                    f"config key 'presets.{name}.distributed.{part}.context_length': "
-                    f"{c['context_length']} is longer than size {c['size']!r} supports "
-                    f"(at most {longest})")
+            for size in c["sizes"] if part == "ddp" else [c["size"]]:
+                longest = MODEL_SIZES[size].max_context_length
+                if c["context_length"] > longest:
+                    problems.append(
+                        f"config key 'presets.{name}.distributed.{part}.context_length': "
+                        f"{c['context_length']} is longer than size {size!r} supports "
+                        f"(at most {longest})")
             if c["batch_size"] % c["world_size"]:
                 problems.append(
                     f"config key 'presets.{name}.distributed.{part}.batch_size': "

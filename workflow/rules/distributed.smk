@@ -4,6 +4,7 @@
 
 from cs336_systems.distributed.launch import BACKENDS
 from cs336_systems.distributed.variants import DDP_VARIANTS
+from cs336_systems.model import MODEL_SIZES
 
 DIST = P["distributed"]
 ALLREDUCE = DIST["allreduce"]
@@ -11,9 +12,11 @@ DDP_CONFIG = DIST["ddp"]
 SHARDED_CONFIG = DIST["sharded_optimizer"]
 
 ALLREDUCE_RECORD = f"{RESULTS}/allreduce/{{backend}}_{{size_mb}}mb_world{{world_size}}.json"
-DDP_RECORD = f"{RESULTS}/ddp/{{variant}}.json"
+# A DDP run is named by its model size (2025's xl, 2026's xl = our 2.7b) and its variant.
+DDP_RECORD = f"{RESULTS}/ddp/{{size}}/{{variant}}.json"
 SHARDED_RECORD = f"{RESULTS}/sharded_optimizer/{{sharding}}.json"
 ACCOUNTING_RECORD = f"{RESULTS}/communication_accounting.json"
+DDP_CHECK_RECORD = f"{RESULTS}/ddp_check.json"
 
 # A DDP run is named by its variant, the bucketed one by its bucket size too: bucketed-<MB>mb.
 DDP_RUNS = [v for v in DDP_VARIANTS if v in DDP_CONFIG["variants"] and v != "bucketed"]
@@ -27,7 +30,8 @@ DISTRIBUTED_RECORDS = {
     "allreduce": expand(ALLREDUCE_RECORD, backend=ALLREDUCE["backends"],
                         size_mb=[f"{s:g}" for s in ALLREDUCE["sizes_mb"]],
                         world_size=ALLREDUCE["world_sizes"]),
-    "ddp": expand(DDP_RECORD, variant=DDP_RUNS),
+    "ddp": expand(DDP_RECORD, size=DDP_CONFIG["sizes"], variant=DDP_RUNS),
+    "ddp_check": [DDP_CHECK_RECORD],
     "sharded": expand(SHARDED_RECORD, sharding=["sharded", "replicated"]),
     "accounting": [ACCOUNTING_RECORD],
 }
@@ -66,6 +70,7 @@ rule ddp:
     log:
         log_for(DDP_RECORD),
     wildcard_constraints:
+        size=one_of(MODEL_SIZES),
         variant=one_of(v for v in DDP_VARIANTS if v != "bucketed") + r"|bucketed-[\d.]+mb",
     params:
         job="experiment",
@@ -76,9 +81,10 @@ rule ddp:
         args=lambda wildcards: {
             "variant": wildcards.variant.partition("-")[0],
             "bucket_size_mb": wildcards.variant.partition("-")[2].removesuffix("mb") or None,
-            **{key: DDP_CONFIG[key] for key in ("size", "context_length", "batch_size",
-                                                "world_size", "warmup_steps", "measure_steps")},
-            "trace": f"{RESULTS}/ddp/{wildcards.variant}.trace.json.gz",
+            "size": wildcards.size,
+            **{key: DDP_CONFIG[key] for key in ("context_length", "batch_size", "world_size",
+                                                "warmup_steps", "measure_steps")},
+            "trace": f"{RESULTS}/ddp/{wildcards.size}/{wildcards.variant}.trace.json.gz",
             "device": DEVICE,
         },
     threads: DDP_CONFIG["world_size"]
@@ -110,6 +116,26 @@ rule sharded_optimizer:
     threads: SHARDED_CONFIG["world_size"]
     resources:
         **measuring_job(SHARDED_GPUS),
+    script:
+        JOB_SCRIPT
+
+
+rule ddp_check:
+    """naive_ddp's check: our DDP variants against single-process training, on CPUs (gloo, two
+    ranks, the tiny model, a few steps: seconds), the same in every preset."""
+    input:
+        sources("cs336_systems.experiments.ddp_check"),
+    output:
+        DDP_CHECK_RECORD,
+    log:
+        log_for(DDP_CHECK_RECORD),
+    params:
+        job="experiment",
+        cli="cs336_systems.experiments.ddp_check",
+        args={"world_size": 2, "steps": 3, "device": "cpu"},
+    threads: 2
+    resources:
+        **measuring_job(0, minutes=5),
     script:
         JOB_SCRIPT
 
@@ -149,6 +175,8 @@ rule distributed_tables:
                                 category="5 Distributed data parallel"),
         ddp_figure=report(figure("ddp_step_time"), caption=caption("ddp_step_time"),
                           category="5 Distributed data parallel"),
+        overlap_figure=report(figure("ddp_overlap"), caption=caption("ddp_overlap"),
+                              category="5 Distributed data parallel"),
     log:
         f"{LOGS}/distributed_tables.log",
     params:

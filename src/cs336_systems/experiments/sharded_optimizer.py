@@ -5,11 +5,19 @@
 
 Data-parallel AdamW training of the LM (flat gradient all-reduce), with the optimizer either
 replicated (`--no-sharded`, torch.optim-style AdamW on every rank) or wrapped in
-ShardedOptimizer. Records, on rank 0, allocated memory after building the model and
-optimizer, right before and right after the optimizer step, and the peak of the whole step;
-a breakdown computed from the tensors themselves (parameters, gradients, this rank's optimizer
-state); and the phase times. On a CPU the memory readings are absent (no allocator stats) and
-the breakdown still holds.
+ShardedOptimizer. Memory, on every rank (rank 0 gathers them into `memory_per_rank`, rank 0's
+own are also the flat metrics), as allocator peaks (`max_memory_allocated`, the peak reset at
+the start of each window) over three windows, and the allocation at their ends:
+
+    init         building the model and the optimizer        peak_gib_init, allocated_gib_after_init
+    before_step  forward, backward and the all-reduce, up to  peak_gib_before_step,
+                 directly before optimizer.step()             allocated_gib_before_step
+    step         optimizer.step() itself                      peak_gib_step, allocated_gib_after_step
+
+(the largest peak over the measured steps; AdamW creates its state in the first step, so the
+init window holds no optimizer state). Also a breakdown computed from the tensors themselves
+(parameters, gradients, this rank's optimizer state) and the phase times. On a CPU the
+allocator readings are absent (None) and the breakdown still holds.
 """
 
 from __future__ import annotations
@@ -37,8 +45,11 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     return sum(tensor_bytes(state.values()) for state in inner.state.values())
 
 
+WINDOWS = ("init", "before_step", "step")
+
+
 def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:
-    allocated = lambda: allocated_gib(device)  # noqa: E731
+    reset_peak(device)
     torch.manual_seed(config["seed"])
     model = build_model(config["size"], config["context_length"], device=device)
     broadcast_parameters(model)
@@ -46,37 +57,51 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
         optimizer = ShardedOptimizer(model.parameters(), AdamW, lr=1e-4)
     else:
         optimizer = AdamW(model.parameters(), lr=1e-4)
-    metrics = {"allocated_gib_after_init": allocated()}
+    # per window: its peak and the allocation at its end, one reading per step
+    memory = {"peak_gib_init": [peak_gib(device)],
+              "allocated_gib_after_init": [allocated_gib(device)],
+              "peak_gib_before_step": [], "allocated_gib_before_step": [],
+              "peak_gib_step": [], "allocated_gib_after_step": []}
 
     token_ids, targets = random_batch(config["batch_size"], config["context_length"], device,
                                       config["seed"], rank, world_size)
-    readings: dict[str, float | None] = {}
 
     def forward_backward():
+        reset_peak(device)
         cross_entropy(model(token_ids), targets).backward()
 
     def optimizer_step():
-        readings["before_step"] = allocated()
+        memory["peak_gib_before_step"].append(peak_gib(device))
+        memory["allocated_gib_before_step"].append(allocated_gib(device))
+        reset_peak(device)
         optimizer.step()
-        readings["after_step"] = allocated()
+        memory["peak_gib_step"].append(peak_gib(device))
+        memory["allocated_gib_after_step"].append(allocated_gib(device))
         optimizer.zero_grad(set_to_none=True)
 
     phases = [("forward_backward", forward_backward),
               ("communicate", lambda: allreduce_gradients_flat(model)),
               ("optimizer", optimizer_step)]
-    reset_peak(device)
     times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"])
-    metrics.update({k: v for k, v in times.metrics().items() if "warmup" not in k})
-    metrics["allocated_gib_before_step"] = readings["before_step"]
-    metrics["allocated_gib_after_step"] = readings["after_step"]
-    metrics["peak_gib"] = peak_gib(device)
+    metrics = {k: v for k, v in times.metrics().items() if "warmup" not in k}
 
+    measured = config["measure_steps"]
+    readings = {}
+    for key, values in memory.items():
+        values = values if key.endswith("init") else values[-measured:]
+        # peaks: the largest of the measured steps; allocations: the last step's
+        readings[key] = (None if values[-1] is None
+                         else max(values) if key.startswith("peak") else values[-1])
+    readings["optimizer_state_gib"] = optimizer_state_bytes(optimizer) / GIB
+    per_rank = [None] * world_size
+    torch.distributed.all_gather_object(per_rank, readings)
+    metrics.update(readings)
+    metrics["memory_per_rank"] = per_rank
+    peaks = [readings[f"peak_gib_{window}"] for window in WINDOWS]
+    metrics["peak_gib"] = None if None in peaks else max(peaks)  # of the whole run
     metrics["parameter_gib"] = tensor_bytes(model.parameters()) / GIB
     metrics["gradient_gib"] = metrics["parameter_gib"]  # one fp32 gradient per parameter
-    metrics["optimizer_state_gib"] = optimizer_state_bytes(optimizer) / GIB
-    states = [None] * world_size
-    torch.distributed.all_gather_object(states, metrics["optimizer_state_gib"])
-    metrics["optimizer_state_gib_per_rank"] = states
+    metrics["optimizer_state_gib_per_rank"] = [r["optimizer_state_gib"] for r in per_rank]
     return metrics
 
 
