@@ -80,9 +80,12 @@ def test_writeup_holds_the_benchmark_table_with_measured_numbers(smoke_run):
                                         for r in flash_rows)
     assert "Speed-up of Triton FA2 over plain PyTorch" in flat
     ddp_rows = [line for line in text.splitlines()
-                if re.match(r"^\| (naive|flat|overlap|bucketed [\d.]+ MiB|torch) +\| ok ", line)]
+                if re.match(r"^\| tiny +\| (naive|flat|overlap|bucketed [\d.]+ MiB|torch) +\| ok ",
+                            line)]
     assert len(ddp_rows) == 6, ddp_rows
     assert re.search(r"^\| nccl +\| 2 +\| 1 +\| skipped ", text, re.M)
+    fsdp_rows = re.findall(r"^\| (fsdp|fsdp2|bucketed 1 MB) +\| ok +\|", text, re.M)
+    assert fsdp_rows == ["fsdp", "fsdp2", "bucketed 1 MB"]
     assert "(c) C / W_ici = 2556 FLOPs per byte" in text
     for figure in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
         assert (smoke_run / "report" / figure).resolve().is_file(), figure
@@ -104,7 +107,9 @@ def test_writeup_opens_with_every_problem_and_its_status(smoke_run):
         else:
             assert "| skipped |" in row or "| not implemented yet |" in row, row
     assert "| `memory_profiling` | 1.5 | both | skipped | memory history needs CUDA" in text
-    assert "| `fsdp_accounting` | 6.2 | 2026 | not implemented yet |" in text
+    assert re.search(r"\| \[`fsdp_accounting`\]\(#fsdp_accounting\) \| 6.2 \| 2026 "
+                     r"\| partly answered \| this preset runs size tiny \(the assignment's "
+                     r"2.7b\).*; no gather timing", text)
     assert "| [`fsdp`](#fsdp) | 6.2 | 2026 | partly answered |" in text
     assert re.search(r"\| \[`nsys_profile`\]\(#nsys_profile\) \| 1.2 \| both "
                      r"\| partly answered \| not in this preset: sizes small, 2.7b", text)
@@ -136,7 +141,8 @@ def test_no_smoke_record_is_an_error(smoke_run):
     records = [r for r in records if "status" in r]
     assert {r["section"] for r in records} == {"benchmark", "profile", "mixed_precision",
                                                "memory", "residuals", "checkpointing",
-                                               "attention", "flash", "allreduce", "ddp",
+                                               "attention", "flash", "flash_speed",
+                                               "allreduce", "ddp", "ddp_check", "fsdp",
                                                "sharded_optimizer", "communication_accounting",
                                                "parallelism"}
     errors = [(r["section"], r["config"], r.get("message", "")) for r in records
@@ -195,7 +201,8 @@ def test_editing_the_model_redoes_the_benchmarks(smoke_run):
                                           "memory", "memory_tables", "residuals_block",
                                           "residuals_rmsnorm", "residuals_tables", "checkpointing",
                                           "checkpointing_nested", "checkpointing_tables",
-                                          "attention_tables", "ddp", "sharded_optimizer",
+                                          "attention_tables", "ddp", "ddp_check",
+                                          "sharded_optimizer", "fsdp", "fsdp_tables",
                                           "distributed_tables", "mixed_precision_tables",
                                           "parallelism_tables", "section_markdown", "writeup"}
 
@@ -207,21 +214,29 @@ def _smoke_preset(workdir: Path) -> dict:
 
 
 def test_editing_the_triton_kernel_redoes_only_the_triton_flash_jobs(smoke_run):
+    from cs336_systems.speed_targets import GROUPS
+
     config = _smoke_preset(smoke_run)["flash"]
     triton_jobs = len(config["seq_lengths"]) * len(config["d_heads"]) * len(config["dtypes"])
     with _edited(smoke_run / "src/cs336_systems/kernels/flash_triton.py"):
-        # the attention section reads the flash table (its measured memory): re-rendered too
+        # the attention section reads the flash table (its measured memory): re-rendered too;
+        # every speed group times our kernels
         assert stale_jobs(smoke_run) == {"flash": triton_jobs, "flash_leaderboard": 1,
+                                         "flash_speed": len(GROUPS),
                                          "flash_tables": 1, "attention_tables": 1,
                                          "section_markdown": 2, "writeup": 1}
 
 
-def test_editing_ddp_redoes_the_ddp_jobs_only(smoke_run):
-    ddp = _smoke_preset(smoke_run)["distributed"]["ddp"]
-    jobs = len(ddp["variants"]) - 1 + len(ddp["bucket_sizes_mb"])  # bucketed: one job per size
+def test_editing_ddp_redoes_the_data_parallel_jobs_only(smoke_run):
+    preset = _smoke_preset(smoke_run)
+    ddp = preset["distributed"]["ddp"]
+    # per model size, bucketed: one job per bucket size; the check against one process; and
+    # the FSDP benchmark, whose unsharded baseline is DDPBucketed
+    jobs = len(ddp["sizes"]) * (len(ddp["variants"]) - 1 + len(ddp["bucket_sizes_mb"]))
     with _edited(smoke_run / "src/cs336_systems/distributed/ddp.py"):
-        assert stale_jobs(smoke_run) == {"ddp": jobs, "distributed_tables": 1,
-                                         "section_markdown": 1, "writeup": 1}
+        assert stale_jobs(smoke_run) == {"ddp": jobs, "ddp_check": 1, "distributed_tables": 1,
+                                         "fsdp": len(preset["fsdp"]["variants"]),
+                                         "fsdp_tables": 1, "section_markdown": 2, "writeup": 1}
 
 
 def test_editing_the_report_code_does_not_remeasure(smoke_run):

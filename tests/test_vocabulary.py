@@ -8,7 +8,7 @@ import yaml
 
 from cs336_systems.attention import ATTENTION_IMPLEMENTATIONS, attention_label, get_attention
 from cs336_systems.distributed.launch import BACKENDS
-from cs336_systems.distributed.variants import DDP_VARIANTS
+from cs336_systems.distributed.variants import DDP_VARIANTS, FSDP_VARIANTS
 from cs336_systems.experiments import allreduce, benchmark, ddp, flash, mixed_precision, profile
 from cs336_systems.experiments import checkpointing, checkpointing_nested, residuals
 from cs336_systems.experiments import memory
@@ -26,6 +26,7 @@ SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text
     ("precision", list(PRECISIONS)),
     ("attention", list(ATTENTION_IMPLEMENTATIONS)),
     ("ddp_variant", list(DDP_VARIANTS)),
+    ("fsdp_variant", list(FSDP_VARIANTS)),
     ("backend", list(BACKENDS)),
     ("residuals_variant", list(residuals.VARIANTS)),
 ])

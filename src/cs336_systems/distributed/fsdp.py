@@ -34,8 +34,10 @@ weights held. A re-gathered weight is freed as soon as autograd is done with it.
 Gradients. The full weight reaches the module through `_Gathered`, an identity whose backward
 hands the full weight's gradient (as fp32) to FSDP instead of to the shard. The gradients of all
 uses of a weight in one forward (a tied embedding and LM head) are summed first; when the last
-one has arrived, one asynchronous reduce-scatter sends the sum. `finish_gradient_synchronization()`
-waits for every outstanding collective and writes the average into each shard's .grad, so every
+one has arrived, one asynchronous reduce-scatter sends the sum; with more than REDUCE_WINDOW in
+flight the oldest is waited for, so at most that many full gradients are alive at once (on CUDA
+the wait orders the compute stream after the collective and costs the CPU nothing).
+`finish_gradient_synchronization()` waits for every outstanding collective and writes the average into each shard's .grad, so every
 parameter's .grad has its parameter's shape and dtype.
 
 Exactness. A rank's gradient is that of its own rows' mean loss, and FSDP averages them: with 2
@@ -52,6 +54,11 @@ forward run with grad enabled (run evaluation under torch.no_grad()); a gathered
 modified in place; only top-level tensor arguments are cast to compute_dtype; the wrapper's
 saved-tensors hook takes over from any outer one while a sharded layer runs (so no activation
 checkpointing inside the wrapped module); forwards go through the wrapper (it orders the uses).
+
+Profiling. Each all-gather is issued inside a `record_function` range named
+`fsdp.all_gather <weight>` (`fsdp.regather <weight>` in backward), and each use's forward runs
+inside `fsdp.forward <module>`, from after its weights arrived until its output, so a trace
+shows when each gather ran against when its layer began (`gather_timing`).
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 from cs336_systems.distributed.launch import require_initialized
 from cs336_systems.distributed.naive import broadcast_parameters
@@ -73,6 +81,15 @@ from cs336_systems.distributed.naive import broadcast_parameters
 # on the old names; older releases (2.11) only have the old ones. Both work on gloo and nccl.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+# Reduce-scatters in flight in backward: past this many, the oldest is waited for, so that its
+# full gradient is freed instead of every layer's living until the end of backward.
+REDUCE_WINDOW = 2
+
+# The profiler ranges FSDP opens, each followed by a space and the weight's or module's name.
+GATHER_RANGE = "fsdp.all_gather"
+REGATHER_RANGE = "fsdp.regather"
+FORWARD_RANGE = "fsdp.forward"
 
 
 def is_sharded_layer(module: nn.Module) -> bool:
@@ -88,6 +105,7 @@ def is_sharded_layer(module: nn.Module) -> bool:
 class _Shard:
     """One sharded weight: this rank's rows of it, and its gradient while backward runs."""
     param: nn.Parameter  # (k, columns), fp32: rows [rank k, (rank + 1) k) of the padded weight
+    name: str  # the weight's qualified name (the first, for a tied one)
     rows: int  # of the full weight
     dtype: torch.dtype  # the full weight's in forward and backward: compute_dtype or its own
     uses: int = 0  # uses in this step's forwards whose gradient has not arrived yet
@@ -97,11 +115,13 @@ class _Shard:
 class _Gathering:
     """An all-gather of one shard in flight; `wait()` returns the full weight (rows, columns)."""
 
-    def __init__(self, shard: _Shard, world_size: int, dtype: torch.dtype):
+    def __init__(self, shard: _Shard, world_size: int, dtype: torch.dtype, label: str):
         self.rows = shard.rows
-        self.piece = shard.param.detach().to(dtype)  # (k, columns)
-        self.buffer = self.piece.new_empty(world_size * self.piece.shape[0], self.piece.shape[1])
-        self.handle = _all_gather(self.buffer, self.piece, async_op=True)
+        with record_function(f"{label} {shard.name}"):
+            self.piece = shard.param.detach().to(dtype)  # (k, columns)
+            self.buffer = self.piece.new_empty(world_size * self.piece.shape[0],
+                                               self.piece.shape[1])
+            self.handle = _all_gather(self.buffer, self.piece, async_op=True)
 
     def wait(self) -> Tensor:
         self.handle.wait()
@@ -142,9 +162,10 @@ class _Note(NamedTuple):
 @dataclass(eq=False)
 class _Unit:
     """A module holding parameters directly: its shards and its whole parameters, by name."""
+    name: str  # the module's qualified name
     shards: dict[str, _Shard]
     replicated: dict[str, nn.Parameter]
-    calls: list = field(default_factory=list)  # (position, names set, hooks) per running forward
+    calls: list = field(default_factory=list)  # (position, names, hooks, range) per running forward
 
 
 class FSDP(nn.Module):
@@ -168,12 +189,17 @@ class FSDP(nn.Module):
         self._all_reductions: list[dist.Work] = []
 
         # id(weight) -> its shard, for each distinct weight of a sharded layer (ties share one)
-        weights = {id(m.weight): m.weight for m in module.modules() if is_sharded_layer(m)}
-        shard_of = {key: self._make_shard(weight) for key, weight in weights.items()}
-        for submodule in module.modules():
+        shard_of: dict[int, _Shard] = {}
+        for name, m in module.named_modules():
+            if is_sharded_layer(m) and id(m.weight) not in shard_of:
+                shard_of[id(m.weight)] = self._make_shard(m.weight, _join(name, "weight"))
+        self._units: list[_Unit] = []
+        for module_name, submodule in module.named_modules():
             direct = dict(submodule.named_parameters(recurse=False, remove_duplicate=False))
-            unit = _Unit({name: shard_of[id(p)] for name, p in direct.items() if id(p) in shard_of},
+            unit = _Unit(module_name or type(module).__name__,
+                         {name: shard_of[id(p)] for name, p in direct.items() if id(p) in shard_of},
                          {name: p for name, p in direct.items() if id(p) not in shard_of})
+            self._units.append(unit)
             for name, shard in unit.shards.items():
                 setattr(submodule, name, shard.param)  # the shard takes the weight's place
             if unit.shards or (unit.replicated and compute_dtype is not None):
@@ -186,16 +212,17 @@ class FSDP(nn.Module):
             if p.requires_grad and id(p) not in self._shards:
                 p.register_post_accumulate_grad_hook(self._on_replicated_grad)
 
-    def _make_shard(self, weight: nn.Parameter) -> _Shard:
+    def _make_shard(self, weight: nn.Parameter, name: str) -> _Shard:
         rows = weight.shape[0]
         k = -(-rows // self.world_size)  # ceil
         padded = F.pad(weight.detach().float(), (0, 0, 0, k * self.world_size - rows))
         piece = padded[self.rank * k: (self.rank + 1) * k].clone()  # the full weight can go
-        return _Shard(nn.Parameter(piece, requires_grad=weight.requires_grad), rows,
+        return _Shard(nn.Parameter(piece, requires_grad=weight.requires_grad), name, rows,
                       self.compute_dtype or weight.dtype)
 
-    def _gather(self, shard: _Shard, dtype: torch.dtype | None = None) -> _Gathering:
-        return _Gathering(shard, self.world_size, dtype or shard.dtype)
+    def _gather(self, shard: _Shard, dtype: torch.dtype | None = None,
+                label: str = GATHER_RANGE) -> _Gathering:
+        return _Gathering(shard, self.world_size, dtype or shard.dtype, label)
 
     def forward(self, *args, **kwargs):
         self._uses, self._last_saved = [], None
@@ -253,11 +280,14 @@ class FSDP(nn.Module):
         if self.compute_dtype is not None:
             weights.update({name: p.to(self.compute_dtype) for name, p in unit.replicated.items()})
         module.__dict__.update(weights)  # shadows module._parameters for attribute lookup
-        unit.calls.append((position, list(weights), hooks))
+        span = record_function(f"{FORWARD_RANGE} {unit.name}")
+        span.__enter__()
+        unit.calls.append((position, list(weights), hooks, span))
         return tuple(self._cast(a) for a in args), {k: self._cast(v) for k, v in kwargs.items()}
 
     def _post_forward(self, unit: _Unit, module: nn.Module, args, kwargs, output):
-        position, names, hooks = unit.calls.pop()
+        position, names, hooks, span = unit.calls.pop()
+        span.__exit__(None, None, None)
         for name in names:
             del module.__dict__[name]  # free the full weights (saved ones are notes now)
         if hooks is not None:
@@ -276,11 +306,12 @@ class FSDP(nn.Module):
         if not isinstance(packed, _Note):
             return packed
         saved = packed.saved
-        gathering = self._ahead_backward.pop(saved, None) or self._gather(saved.shard)
+        gathering = (self._ahead_backward.pop(saved, None)
+                     or self._gather(saved.shard, label=REGATHER_RANGE))
         saved.unpacked = True
         upcoming = saved.previous  # the weight backward needs next: start its gather now
         if upcoming is not None and not upcoming.unpacked and upcoming not in self._ahead_backward:
-            self._ahead_backward[upcoming] = self._gather(upcoming.shard)
+            self._ahead_backward[upcoming] = self._gather(upcoming.shard, label=REGATHER_RANGE)
         full = gathering.wait()
         return full.as_strided(packed.size, packed.stride, packed.storage_offset)
 
@@ -296,6 +327,15 @@ class FSDP(nn.Module):
             handle = _reduce_scatter(piece, padded, op=dist.ReduceOp.SUM, async_op=True)
             self._reductions.append((shard, piece, padded, handle))
             shard.full_grad = None
+            while len(self._reductions) > REDUCE_WINDOW:  # free the oldest full gradient
+                self._finish_reduction(*self._reductions.pop(0))
+
+    def _finish_reduction(self, shard: _Shard, piece: Tensor, padded: Tensor,
+                          handle: dist.Work) -> None:
+        """Wait for one reduce-scatter (on CUDA: the current stream waits, the CPU does not)
+        and make its result the shard's .grad; `padded`, the full gradient, can go after."""
+        handle.wait()
+        shard.param.grad = piece.div_(self.world_size)
 
     def _on_replicated_grad(self, p: nn.Parameter) -> None:
         p.grad.div_(self.world_size)  # pre-divide: the sum of the shares is the average
@@ -304,9 +344,8 @@ class FSDP(nn.Module):
     def finish_gradient_synchronization(self) -> None:
         """Wait for every outstanding collective (call after backward, before the optimizer's
         step); each shard's .grad is then its rows of the gradient averaged over ranks, fp32."""
-        for shard, piece, _, handle in self._reductions:
-            handle.wait()
-            shard.param.grad = piece.div_(self.world_size)
+        for reduction in self._reductions:
+            self._finish_reduction(*reduction)
         for handle in self._all_reductions:
             handle.wait()
         for gathering in self._ahead_backward.values():  # prefetched for a backward that
@@ -322,6 +361,12 @@ class FSDP(nn.Module):
                                "run with grad enabled; run forwards you do not train on under "
                                "torch.no_grad()")
 
+    def sharded_weights(self) -> dict[str, list[str]]:
+        """The modules holding sharded weights and those weights' names, as the profiler
+        ranges name them (`FORWARD_RANGE <module>`, `GATHER_RANGE <weight>`)."""
+        return {unit.name: [shard.name for shard in unit.shards.values()]
+                for unit in self._units if unit.shards}
+
     @torch.no_grad()
     def gather_full_params(self) -> dict[str, Tensor]:
         """Every parameter of the wrapped module by name (tied ones once), full shape, fp32 for
@@ -329,3 +374,7 @@ class FSDP(nn.Module):
         return {name: self._gather(self._shards[id(p)], torch.float32).wait().clone()
                 if id(p) in self._shards else p.detach().clone()
                 for name, p in self.module.named_parameters()}
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name

@@ -7,4 +7,5 @@ means adding those and its name to this list; nothing else central changes.
 """
 
 SECTIONS: tuple[str, ...] = ("benchmark", "profile", "mixed_precision", "memory", "residuals",
-                             "checkpointing", "attention", "flash", "distributed", "parallelism")
+                             "checkpointing", "attention", "flash", "distributed", "fsdp",
+                             "parallelism")
