@@ -450,7 +450,8 @@ def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, 
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
+def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, wrap=wrap_triton
+               ) -> tuple[Tensor, Tensor]:
     """o (shaped like q, contiguous) and the logsumexp L (batch, n_queries) in fp32, from q, k, v
     of any strides."""
     check_attention_inputs(q, k, v)
@@ -459,7 +460,7 @@ def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor
     n_keys = k.shape[1]
     o, logsumexp = _forward_outputs(q)
     tiles = _forward_tiles(n_queries, n_keys, d, q.dtype)
-    wrap_triton(flash_fwd_kernel)[(triton.cdiv(n_queries, tiles.block_m), batch)](
+    wrap(flash_fwd_kernel)[(triton.cdiv(n_queries, tiles.block_m), batch)](
         q, k, v, o, logsumexp,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *logsumexp.stride(),
         n_queries, n_keys, **_shape_constants(q, n_keys, tiles.block_m, tiles.block_n, is_causal),
@@ -468,7 +469,11 @@ def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor
     return o, logsumexp
 
 
-flash_attn_fwd = triton_op("cs336::flash_attn_fwd", _flash_fwd, mutates_args=())
+def _flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
+    return _flash_fwd(q, k, v, is_causal)
+
+
+flash_attn_fwd = triton_op("cs336::flash_attn_fwd", _flash_attn_fwd, mutates_args=())
 
 
 # Explicit fakes: triton_op's own would run the body, which under TRITON_INTERPRET=1 launches the
@@ -481,7 +486,8 @@ def _flash_attn_fwd_fake(q: Tensor, k: Tensor, v: Tensor, is_causal: bool
 
 
 def _flash_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor,
-               grad_o: Tensor, is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+               grad_o: Tensor, is_causal: bool, wrap=wrap_triton
+               ) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV (contiguous) from the forward's inputs, o and L, and dO."""
     # q, o and dO share one layout (contiguous), as do k and v, and the gradients
     q, k, v, o, grad_o = (t.contiguous() for t in (q, k, v, o, grad_o))
@@ -495,15 +501,20 @@ def _flash_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor,
         return dict(**_shape_constants(q, n_keys, tiles.block_m, tiles.block_n, is_causal),
                     num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     strides = (*q.stride(), *k.stride(), *logsumexp.stride())
-    wrap_triton(flash_bwd_dkdv_kernel)[(triton.cdiv(n_keys, dkdv.block_n), batch)](
+    wrap(flash_bwd_dkdv_kernel)[(triton.cdiv(n_keys, dkdv.block_n), batch)](
         q, k, v, grad_o, logsumexp, delta, grad_k, grad_v, *strides, n_queries, n_keys,
         **launch(dkdv))
-    wrap_triton(flash_bwd_dq_kernel)[(triton.cdiv(n_queries, dq.block_m), batch)](
+    wrap(flash_bwd_dq_kernel)[(triton.cdiv(n_queries, dq.block_m), batch)](
         q, k, v, grad_o, logsumexp, delta, grad_q, *strides, n_queries, n_keys, **launch(dq))
     return grad_q, grad_k, grad_v
 
 
-flash_attn_bwd = triton_op("cs336::flash_attn_bwd", _flash_bwd, mutates_args=())
+def _flash_attn_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor,
+                    grad_o: Tensor, is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _flash_bwd(q, k, v, o, logsumexp, grad_o, is_causal)
+
+
+flash_attn_bwd = triton_op("cs336::flash_attn_bwd", _flash_attn_bwd, mutates_args=())
 
 
 @flash_attn_bwd.register_fake
@@ -515,11 +526,16 @@ def _flash_attn_bwd_fake(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: 
 # --- autograd: the operator's, and the assignment's autograd.Function --------------------------
 
 def _direct(*tensors: Tensor) -> bool:
-    """Whether to run the kernels' Python bodies directly rather than through the operators:
-    in eager mode on plain tensors. Torch's custom-operator dispatch costs about 0.5 ms of host
-    time per forward+backward (torch 2.11, H200), more than the kernels themselves at small
-    shapes; torch.compile (and fake or functional tensors) still goes through the operators."""
+    """Whether to launch the kernels directly rather than through the operators: in eager mode
+    on plain tensors. Torch's custom-operator dispatch costs about 0.5 ms of host time per
+    forward+backward (torch 2.11, H200), more than the kernels themselves at small shapes, and
+    wrap_triton outside an operator more still; torch.compile (and fake or functional tensors)
+    goes through the operators."""
     return not torch.compiler.is_compiling() and all(type(t) is Tensor for t in tensors)
+
+
+def _unwrapped(kernel):
+    return kernel
 
 
 def _save_for_backward(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
@@ -537,8 +553,11 @@ def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
 
 def _backward(ctx, grad_o: Tensor, *_grad_logsumexp) -> tuple[Tensor, Tensor, Tensor, None]:
     logsumexp, q, k, v, o = ctx.saved_tensors
-    backward = _flash_bwd if _direct(q, grad_o) else torch.ops.cs336.flash_attn_bwd
-    return *backward(q, k, v, o, logsumexp, grad_o, ctx.is_causal), None
+    if _direct(q, grad_o):
+        grads = _flash_bwd(q, k, v, o, logsumexp, grad_o, ctx.is_causal, wrap=_unwrapped)
+    else:
+        grads = torch.ops.cs336.flash_attn_bwd(q, k, v, o, logsumexp, grad_o, ctx.is_causal)
+    return *grads, None
 
 
 flash_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -551,8 +570,10 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
-        forward = _flash_fwd if _direct(q) else torch.ops.cs336.flash_attn_fwd
-        output = forward(q, k, v, is_causal)
+        if _direct(q):
+            output = _flash_fwd(q, k, v, is_causal, wrap=_unwrapped)
+        else:
+            output = torch.ops.cs336.flash_attn_fwd(q, k, v, is_causal)
         _save_for_backward(ctx, (q, k, v, is_causal), output)
         return output[0]
 
