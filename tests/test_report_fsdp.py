@@ -148,3 +148,12 @@ def test_a_failed_fsdp_run_leaves_the_accounting_unanswered(tmp_path):
     assert facts["coverage"]["fsdp_accounting"]["status"] == "partly answered"
     text = render("fsdp.md.j2", facts)
     assert "Not measured: fsdp, oom" in " ".join(text.split())
+
+
+def test_the_kept_step_is_timed_from_its_own_first_gather():
+    rows = gather_timing(two_uses().events, {"a": ["a.weight"], "b": ["b.weight"]})
+    shifted = [{**r, **{k: v + 1e6 for k, v in r.items() if k.endswith("_us") and k != "wait_us"}}
+               for r in rows]
+    kept = summarize_gathers(rows + shifted, steps=2)["gather_timing"]
+    assert [r["issued_us"] for r in kept] == [0.0, 20.0]
+    assert kept[1]["gather_end_us"] == 300 and kept[1]["wait_us"] == 100

@@ -78,7 +78,7 @@ def gather_timing(events: list[dict], weights_of: dict[str, list[str]]) -> list[
     when the compute stream finished the kernel before the layer's first one, or when that
     kernel was launched, whichever is later; the gather is hidden if its last kernel ended by
     then, and otherwise the stream waited `wait_us` for it. Times in microseconds from the
-    trace's first forward use. Empty on a trace without CUDA kernels.
+    trace's first gather. Empty on a trace without CUDA kernels.
     """
     kind, work = device_work(events)
     if kind != "cuda kernels":
@@ -132,12 +132,16 @@ def summarize_gathers(rows: list[dict], steps: int) -> dict:
     if not rows:
         return {}
     per_step = len(rows) // steps if len(rows) % steps == 0 else len(rows)
+    last = rows[-per_step:]
+    origin = last[0]["issued_us"]  # times from the last step's first gather
+    last = [{k: v - origin if k.endswith("_us") and k != "wait_us" else v
+             for k, v in row.items()} for row in last]
     return {"gather_uses_per_step": per_step,
             "gathers_hidden": sum(r["hidden"] for r in rows),
             "gathers_profiled": len(rows),
             "gather_wait_ms_per_step": sum(r["wait_us"] for r in rows) / 1e3 / steps,
             "gather_wait_ms_max": max(r["wait_us"] for r in rows) / 1e3,
-            "gather_timing": rows[-per_step:]}
+            "gather_timing": last}
 
 
 def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:

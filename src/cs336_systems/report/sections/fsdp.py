@@ -81,6 +81,8 @@ def gather_frame(rows: list[dict]) -> pd.DataFrame:
                                      "gather_end_us", "ready_us", "forward_start_us", "hidden",
                                      "wait_us"])
     frame.insert(0, "use", range(len(frame)))
+    times = [c for c in frame.columns if c.endswith("_us") and c != "wait_us"]
+    frame[times] = frame[times] - frame["issued_us"].iloc[0]  # from the step's first gather
     return frame
 
 
