@@ -87,26 +87,27 @@ def gather_frame(rows: list[dict]) -> pd.DataFrame:
 
 
 def gather_figure(frame: pd.DataFrame, path: str) -> str:
-    """Each forward use of a sharded layer, top to bottom: its all-gather on the GPU (a bar, grey
-    if it finished before the layer could start, red if the layer waited) and the moment the
-    layer could start (a tick)."""
-    fig, axes = figures.subplots(1, width=7.0, height=4.2)
-    ax = axes[0, 0]
+    """Per forward use of a sharded layer: how long its all-gather ran on the GPU, and its
+    margin, the time from the gather's end to the moment the layer could start (above zero:
+    hidden; below: the layer waited that long)."""
+    fig, axes = figures.subplots(2, width=5.0, height=3.8)
+    duration_ax, margin_ax = axes[0]
     if frame.empty:
-        ax.text(0.5, 0.5, "no gather timing (needs a CUDA profile of the FSDP job)",
-                ha="center", va="center", transform=ax.transAxes)
+        for ax in (duration_ax, margin_ax):
+            ax.text(0.5, 0.5, "no gather timing\n(needs a CUDA profile of the FSDP job)",
+                    ha="center", va="center", transform=ax.transAxes)
     else:
         ms = 1e-3
-        colours = ["0.6" if hidden else "tab:red" for hidden in frame["hidden"]]
-        ax.barh(frame["use"], (frame["gather_end_us"] - frame["gather_start_us"]) * ms,
-                left=frame["gather_start_us"] * ms, color=colours, height=0.8,
-                label="all-gather on the GPU")
-        ax.scatter(frame["ready_us"] * ms, frame["use"], marker="|", color="k", s=30,
-                   label="layer could start")
-        ax.invert_yaxis()
-        ax.set_xlabel("time in the forward (ms)")
-        ax.set_ylabel("forward use of a sharded layer")
-        ax.legend(loc="lower left", fontsize=8)
+        colours = ["0.5" if hidden else "tab:red" for hidden in frame["hidden"]]
+        duration_ax.bar(frame["use"], (frame["gather_end_us"] - frame["gather_start_us"]) * ms,
+                        color="0.5", width=1.0)
+        duration_ax.set_ylabel("all-gather on the GPU (ms)")
+        margin_ax.bar(frame["use"], (frame["ready_us"] - frame["gather_end_us"]) * ms,
+                      color=colours, width=1.0)
+        margin_ax.axhline(0, color="k", linewidth=0.8)
+        margin_ax.set_ylabel("layer could start − gather end (ms)")
+        for ax in (duration_ax, margin_ax):
+            ax.set_xlabel("forward use of a sharded layer, in order")
     figures.save(fig, path)
     return path
 
