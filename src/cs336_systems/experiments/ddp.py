@@ -30,6 +30,7 @@ import argparse
 import re
 import sys
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -166,16 +167,19 @@ def profile_steps(phases, device: torch.device, trace: str | None, rank: int) ->
     return metrics
 
 
-def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:
-    torch.manual_seed(config["seed"])
-    model = wrap(build_model(config["size"], config["context_length"], device=device), config, device)
+def training_phases(model: torch.nn.Module, config: dict, rank: int, world_size: int,
+                    device: torch.device, communicate, autocast=None) -> list:
+    """The phases of one data-parallel training step of `model` (AdamW; this rank's rows of
+    the batch): forward (under `autocast` if given) with the loss, backward, `communicate`, and
+    the optimizer's step."""
     optimizer = AdamW(model.parameters(), lr=1e-4)
     token_ids, targets = random_batch(config["batch_size"], config["context_length"], device,
                                       config["seed"], rank, world_size)
     state = {}
 
     def forward():
-        state["loss"] = cross_entropy(model(token_ids), targets)
+        with autocast or nullcontext():
+            state["loss"] = cross_entropy(model(token_ids), targets)
 
     def backward():
         state.pop("loss").backward()
@@ -184,9 +188,15 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    phases = [("forward", forward), ("backward", backward),
-              ("communicate", communicate_fn(model, config["variant"])),
-              ("optimizer", optimizer_step)]
+    return [("forward", forward), ("backward", backward), ("communicate", communicate),
+            ("optimizer", optimizer_step)]
+
+
+def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:
+    torch.manual_seed(config["seed"])
+    model = wrap(build_model(config["size"], config["context_length"], device=device), config, device)
+    phases = training_phases(model, config, rank, world_size, device,
+                             communicate_fn(model, config["variant"]))
     times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"])
     metrics = {k: v for k, v in times.metrics().items() if "warmup" not in k}
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -30,13 +29,10 @@ from cs336_systems.distributed import FSDP, DDPBucketed
 from cs336_systems.distributed.fsdp import FORWARD_RANGE, GATHER_RANGE, is_sharded_layer
 from cs336_systems.distributed.variants import FSDP_VARIANTS
 from cs336_systems.experiments.ddp import (PROFILE_STEPS, add_training_arguments, is_collective,
-                                           profile_steps, training_config)
+                                           profile_steps, training_config, training_phases)
 from cs336_systems.experiments.torchrun import launch_or_work
-from cs336_systems.lm_step import random_batch
-from cs336_systems.loss import cross_entropy
 from cs336_systems.memory import peak_gib, reset_peak
 from cs336_systems.model import build_model
-from cs336_systems.optimizer import AdamW
 from cs336_systems.profiling import device_work, load_trace
 from cs336_systems.timing import PRECISIONS, time_phases
 
@@ -149,27 +145,10 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
     model = build_model(config["size"], config["context_length"], device=device)
     breakdown = sharding_breakdown(model)
     model = wrap(model, config, device)
-    optimizer = AdamW(model.parameters(), lr=1e-4)
-    token_ids, targets = random_batch(config["batch_size"], config["context_length"], device,
-                                      config["seed"], rank, world_size)
     autocast = (torch.autocast(device.type, dtype=PRECISIONS[config["compute_dtype"]])
-                if config["variant"] == "bucketed" and config["compute_dtype"] else nullcontext())
-    state = {}
-
-    def forward():
-        with autocast:
-            state["loss"] = cross_entropy(model(token_ids), targets)
-
-    def backward():
-        state.pop("loss").backward()
-
-    def optimizer_step():
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+                if config["variant"] == "bucketed" and config["compute_dtype"] else None)
     finish = getattr(model, "finish_gradient_synchronization", lambda: None)
-    phases = [("forward", forward), ("backward", backward), ("communicate", finish),
-              ("optimizer", optimizer_step)]
+    phases = training_phases(model, config, rank, world_size, device, finish, autocast)
     reset_peak(device)
     times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"])
     metrics = {k: v for k, v in times.metrics().items() if "warmup" not in k}
