@@ -96,3 +96,11 @@ def test_cross_checks_see_the_merged_preset(config):
     config["presets"]["smoke"]["distributed"]["ddp"]["batch_size"] = 3  # world_size 2: defaults
     message = _error(config)
     assert "presets.smoke.distributed.ddp.batch_size': 3 does not split evenly" in message
+
+
+def test_the_fsdp_benchmark_is_cross_checked_like_ddp(config):
+    config["presets"]["smoke"]["fsdp"].update(batch_size=3, context_length=4096)
+    message = _error(config)
+    assert "presets.smoke.fsdp.batch_size': 3 does not split evenly over world_size 2" in message
+    assert ("presets.smoke.fsdp.context_length': 4096 is longer than size 'tiny' supports"
+            in message)

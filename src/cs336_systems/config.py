@@ -133,18 +133,20 @@ def _cross_checks(config: dict[str, Any]) -> list[str]:
                 "at the benchmark's warm-up, which must be at least 1 so that compilation is "
                 "not timed")
         dist = preset_config["distributed"]
-        for part in ("ddp", "sharded_optimizer"):
-            c = dist[part]
-            for size in c["sizes"] if part == "ddp" else [c["size"]]:
+        training = {"distributed.ddp": dist["ddp"],
+                    "distributed.sharded_optimizer": dist["sharded_optimizer"],
+                    "fsdp": preset_config["fsdp"]}
+        for part, c in training.items():
+            for size in c.get("sizes", [c.get("size")]):
                 longest = MODEL_SIZES[size].max_context_length
                 if c["context_length"] > longest:
                     problems.append(
-                        f"config key 'presets.{name}.distributed.{part}.context_length': "
+                        f"config key 'presets.{name}.{part}.context_length': "
                         f"{c['context_length']} is longer than size {size!r} supports "
                         f"(at most {longest})")
             if c["batch_size"] % c["world_size"]:
                 problems.append(
-                    f"config key 'presets.{name}.distributed.{part}.batch_size': "
+                    f"config key 'presets.{name}.{part}.batch_size': "
                     f"{c['batch_size']} does not split evenly over world_size {c['world_size']}")
         layernorm = preset_config["mixed_precision"]["layernorm"]
         if layernorm["std_min"] > layernorm["std_max"]:
