@@ -9,8 +9,8 @@ from pathlib import Path
 # workflow/scripts/job.py), so the sources a rule lists are the code its jobs run.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from cs336_systems.config import ConfigError, resolve_preset, validate
-from cs336_systems.report.sections import SECTIONS
+from cs336_systems.pipeline.config import ConfigError, resolve_preset, validate
+from cs336_systems.sections import SECTIONS
 
 
 configfile: "config.yaml"

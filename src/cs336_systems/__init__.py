@@ -1,11 +1,28 @@
-"""CS336 Systems: a Transformer LM, its benchmarks, kernels and distributed training."""
+"""CS336 Systems: a Transformer LM, its benchmarks, kernels and distributed training.
 
-from cs336_systems.attention import ATTENTION_IMPLEMENTATIONS, get_attention
-from cs336_systems.loss import cross_entropy
-from cs336_systems.model import MODEL_SIZES, TransformerLM, build_model, parameter_count
-from cs336_systems.optimizer import AdamW
+    lm/          the model, its size table, the attention registry, loss, optimizers, one step
+    kernels/     FlashAttention-2 (PyTorch, Triton), weighted_sum
+    distributed/ DDP variants, FSDP, the sharded optimizer, process groups
+    measure/     timing, memory, profiling, allocator timelines, saved tensors, collectives
+    analysis/    models and algebra that predict what is measured
+    pipeline/    config and its checks, jobs, sources, records, archive, CLI options
+    report/      facts, rendering, tables, figures, coverage, the writeup
+    sections/    one folder per section of the writeup (docs/architecture.md)
 
-__all__ = [
-    "ATTENTION_IMPLEMENTATIONS", "AdamW", "MODEL_SIZES", "TransformerLM", "build_model",
-    "cross_entropy", "get_attention", "parameter_count",
-]
+The names below are imported on first use, so importing a subpackage loads nothing else.
+"""
+
+from cs336_systems.lazy import lazy_exports
+
+EXPORTS = {
+    "ATTENTION_IMPLEMENTATIONS": "cs336_systems.lm.attention",
+    "get_attention": "cs336_systems.lm.attention",
+    "cross_entropy": "cs336_systems.lm.loss",
+    "MODEL_SIZES": "cs336_systems.lm.model",
+    "TransformerLM": "cs336_systems.lm.model",
+    "build_model": "cs336_systems.lm.model",
+    "parameter_count": "cs336_systems.lm.model",
+    "AdamW": "cs336_systems.lm.optimizer",
+}
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
+__all__ = list(EXPORTS)

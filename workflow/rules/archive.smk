@@ -1,5 +1,5 @@
 # `snakemake --cores 1 archive`: the preset's results, the writeup, the resolved config and an
-# environment manifest in one tarball, results/<preset>.tar.gz (cs336_systems.archive). Heavy
+# environment manifest in one tarball, results/<preset>.tar.gz (cs336_systems.pipeline.archive). Heavy
 # artifacts (traces, snapshots) go in with `--config archive_heavy=true`.
 
 
@@ -7,7 +7,7 @@ rule archive:
     input:
         writeup="report/writeup.md",
         facts=[facts(section) for section in SECTIONS],
-        code=sources("cs336_systems.archive"),
+        code=sources("cs336_systems.pipeline.archive"),
     output:
         f"results/{PRESET}.tar.gz",
     log:

@@ -22,7 +22,7 @@ ATTENTION_CATEGORY = "3 Attention and torch.compile"
 
 rule attention:
     input:
-        sources("cs336_systems.experiments.attention"),
+        sources("cs336_systems.sections.attention.time_attention"),
     output:
         ATTN_RECORD,
     log:
@@ -34,7 +34,7 @@ rule attention:
         cap=r"uncapped|cap[\d.]+gib",
     params:
         job="experiment",
-        cli="cs336_systems.experiments.attention",
+        cli="cs336_systems.sections.attention.time_attention",
         args=lambda wildcards: {
             "d": wildcards.d, "seq": wildcards.seq, "compile": wildcards.variant == "compiled",
             "memory_cap_gib": None if wildcards.cap == "uncapped"
@@ -49,7 +49,7 @@ rule attention:
 
 rule benchmark_compiled:
     input:
-        sources("cs336_systems.experiments.benchmark", *attention_modules(BENCH["attention"])),
+        sources("cs336_systems.sections.benchmark.time_step", *attention_modules(BENCH["attention"])),
     output:
         COMPILED_RECORD,
     log:
@@ -62,7 +62,7 @@ rule benchmark_compiled:
         warmup_steps=r"\d+",
     params:
         job="experiment",
-        cli="cs336_systems.experiments.benchmark",
+        cli="cs336_systems.sections.benchmark.time_step",
         args=lambda wildcards: {**wildcards, "compile": True,
                                 "measure_steps": BENCH["measure_steps"],
                                 "batch_size": BENCH["batch_size"],
@@ -79,7 +79,7 @@ rule attention_tables:
         compiled_model=expand(COMPILED_RECORD, **MODEL_COMPILE_CONFIGS),
         vanilla_model=expand(BENCH_RECORD, **MODEL_COMPILE_CONFIGS),
         flash_table=table("flash"),
-        code=sources("cs336_systems.report.sections.attention"),
+        code=sources("cs336_systems.sections.attention.report"),
     output:
         facts=facts("attention"),
         table=report(table("attention"), caption=caption("attention"),

@@ -1,10 +1,10 @@
 # benchmarking_script (assignment 1.1): one job per (size, context length, mode, precision,
 # warm-up count), then the section's tables, figures and facts.
 
-from cs336_systems.attention import attention_modules
-from cs336_systems.lm_step import MODES
-from cs336_systems.model import MODEL_SIZES
-from cs336_systems.timing import PRECISIONS
+from cs336_systems.lm.attention import attention_modules
+from cs336_systems.lm.step import MODES
+from cs336_systems.lm.model import MODEL_SIZES
+from cs336_systems.lm.precision import PRECISIONS
 
 BENCH = P["benchmark"]
 BENCH_RECORD = (f"{RESULTS}/benchmark/{{size}}_ctx{{context_length}}_{{mode}}_{{precision}}"
@@ -24,7 +24,7 @@ BENCH_RECORDS = sorted(
 rule benchmark:
     input:
         # plus the kernels of an attention implementation that is imported lazily
-        sources("cs336_systems.experiments.benchmark", *attention_modules(BENCH["attention"])),
+        sources("cs336_systems.sections.benchmark.time_step", *attention_modules(BENCH["attention"])),
     output:
         BENCH_RECORD,
     log:
@@ -37,7 +37,7 @@ rule benchmark:
         warmup_steps=r"\d+",
     params:
         job="experiment",
-        cli="cs336_systems.experiments.benchmark",
+        cli="cs336_systems.sections.benchmark.time_step",
         args=lambda wildcards: {**wildcards, "measure_steps": BENCH["measure_steps"],
                                 "batch_size": BENCH["batch_size"],
                                 "attention": BENCH["attention"], "device": DEVICE},
@@ -50,7 +50,7 @@ rule benchmark:
 rule benchmark_tables:
     input:
         records=BENCH_RECORDS,
-        code=sources("cs336_systems.report.sections.benchmark"),
+        code=sources("cs336_systems.sections.benchmark.report"),
     output:
         facts=facts("benchmark"),
         table=report(table("benchmark"), caption=caption("benchmark"),

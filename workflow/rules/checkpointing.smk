@@ -3,10 +3,10 @@
 # strategies on real blocks on the CPU, beside the simulation that the section's report
 # computes from the library. Then the section's tables, figures and facts.
 
-from cs336_systems.attention import attention_modules
-from cs336_systems.lm_step import MODES
-from cs336_systems.model import MODEL_SIZES
-from cs336_systems.timing import PRECISIONS
+from cs336_systems.lm.attention import attention_modules
+from cs336_systems.lm.step import MODES
+from cs336_systems.lm.model import MODEL_SIZES
+from cs336_systems.lm.precision import PRECISIONS
 
 CKPT = P["checkpointing"]
 CKPT_RECORD = (f"{RESULTS}/checkpointing/{{size}}_ctx{{context_length}}_{{mode}}_{{precision}}"
@@ -20,7 +20,7 @@ CKPT_BLOCK_SIZES = ["none" if k is None else k for k in CKPT["block_sizes"]]
 
 rule checkpointing:
     input:
-        sources("cs336_systems.experiments.checkpointing", *attention_modules(CKPT["attention"])),
+        sources("cs336_systems.sections.checkpointing.time_checkpointing", *attention_modules(CKPT["attention"])),
     output:
         CKPT_RECORD,
     log:
@@ -33,7 +33,7 @@ rule checkpointing:
         block_size=r"\d+|none",
     params:
         job="experiment",
-        cli="cs336_systems.experiments.checkpointing",
+        cli="cs336_systems.sections.checkpointing.time_checkpointing",
         args=lambda wildcards: {
             "size": wildcards.size, "context_length": wildcards.context_length,
             "mode": wildcards.mode, "precision": wildcards.precision,
@@ -51,7 +51,7 @@ rule checkpointing:
 
 rule checkpointing_nested:
     input:
-        sources("cs336_systems.experiments.checkpointing_nested"),
+        sources("cs336_systems.sections.checkpointing.nested_checkpointing"),
     output:
         CKPT_NESTED_RECORD,
     log:
@@ -62,7 +62,7 @@ rule checkpointing_nested:
         batch_size=r"\d+",
     params:
         job="experiment",
-        cli="cs336_systems.experiments.checkpointing_nested",
+        cli="cs336_systems.sections.checkpointing.nested_checkpointing",
         # always the CPU: a check of the simulator, with the live-tensor stand-in
         args=lambda wildcards: {**wildcards, "blocks": CKPT["nested"]["blocks"],
                                 "device": "cpu"},
@@ -77,7 +77,7 @@ rule checkpointing_tables:
                        block_size=CKPT_BLOCK_SIZES),
         nested=expand(CKPT_NESTED_RECORD, **{k: CKPT["nested"][k] for k in
                                              ("size", "context_length", "batch_size")}),
-        code=sources("cs336_systems.report.sections.checkpointing"),
+        code=sources("cs336_systems.sections.checkpointing.report"),
     output:
         facts=facts("checkpointing"),
         simulation_table=report(table("checkpointing_simulation"),

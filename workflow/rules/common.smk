@@ -1,16 +1,18 @@
 # Paths and helpers shared by every section's rules.
 #
 # Every rule runs workflow/scripts/job.py (Snakemake's script directive) with `params.job`
-# naming its entry point in cs336_systems.jobs: `experiment` (params.cli on params.args ->
+# naming its entry point in cs336_systems.pipeline.jobs: `experiment` (params.cli on params.args ->
 # one record), `section_tables`, `section_markdown` or `writeup`. Jobs run in the Python that
 # runs Snakemake (scripts/setup.sh's .venv, or a GPU box's own CUDA build of PyTorch); that is
 # why rules name no conda environment or container, the one thing `snakemake --lint` still
 # asks of each of them.
 
+import os
 import re
 
-from cs336_systems.sources import module_sources
+from cs336_systems.pipeline.sources import module_sources
 
+PACKAGE = "src/cs336_systems"
 RESULTS = f"results/{PRESET}"
 TABLES = f"{RESULTS}/tables"
 FIGURES = f"{RESULTS}/figures"
@@ -48,9 +50,19 @@ def figure(name):
     return f"{FIGURES}/{name}.png"
 
 
+def section_file(section, name):
+    """A file of a section's folder (docs/architecture.md), from the repository root."""
+    return f"{PACKAGE}/sections/{section}/{name}"
+
+
 def caption(name):
-    """The caption of a table or figure in `snakemake --report`: workflow/report/<name>.rst."""
-    return f"../report/{name}.rst"
+    """The caption of a table or figure in `snakemake --report`: captions/<name>.rst in its
+    section's folder (the writeup's in report/captions/), as a path from this rules folder."""
+    found = sorted(Path(workflow.basedir, PACKAGE).glob(f"**/captions/{name}.rst"))
+    if len(found) != 1:
+        raise WorkflowError(f"caption {name!r}: {len(found)} files named captions/{name}.rst "
+                            f"under {PACKAGE}; there must be one")
+    return os.path.relpath(found[0], Path(workflow.basedir, "workflow/rules"))
 
 
 def facts(section):

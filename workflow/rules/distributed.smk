@@ -1,10 +1,10 @@
 # Distributed data parallel (assignment 5) and sharding (6). Each measuring job launches
-# torchrun with its world size (cs336_systems.experiments.torchrun) and declares the GPUs it
+# torchrun with its world size (cs336_systems.pipeline.torchrun) and declares the GPUs it
 # takes; a run the machine cannot hold writes a `skipped` record with the reason.
 
 from cs336_systems.distributed.launch import BACKENDS
 from cs336_systems.distributed.variants import DDP_VARIANTS
-from cs336_systems.model import MODEL_SIZES
+from cs336_systems.lm.model import MODEL_SIZES
 
 DIST = P["distributed"]
 ALLREDUCE = DIST["allreduce"]
@@ -39,7 +39,7 @@ DISTRIBUTED_RECORDS = {
 
 rule allreduce:
     input:
-        sources("cs336_systems.experiments.allreduce"),
+        sources("cs336_systems.sections.distributed.time_allreduce"),
     output:
         ALLREDUCE_RECORD,
     log:
@@ -50,7 +50,7 @@ rule allreduce:
         world_size=r"\d+",
     params:
         job="experiment",
-        cli="cs336_systems.experiments.allreduce",
+        cli="cs336_systems.sections.distributed.time_allreduce",
         # the device follows the backend: nccl on GPUs, gloo on CPUs
         args=lambda wildcards: {**wildcards, "warmup": ALLREDUCE["warmup"],
                                 "iterations": ALLREDUCE["iterations"]},
@@ -64,7 +64,7 @@ rule allreduce:
 
 rule ddp:
     input:
-        sources("cs336_systems.experiments.ddp"),
+        sources("cs336_systems.sections.distributed.time_ddp"),
     output:
         DDP_RECORD,
     log:
@@ -74,7 +74,7 @@ rule ddp:
         variant=one_of(v for v in DDP_VARIANTS if v != "bucketed") + r"|bucketed-[\d.]+mb",
     params:
         job="experiment",
-        cli="cs336_systems.experiments.ddp",
+        cli="cs336_systems.sections.distributed.time_ddp",
         # "bucketed-10mb" -> variant bucketed, bucket_size_mb 10; "naive" -> naive, None.
         # The trace is a parameter, not an output: a run without one (skipped, or rank 0's
         # export failing) must not fail the job.
@@ -96,7 +96,7 @@ rule ddp:
 
 rule sharded_optimizer:
     input:
-        sources("cs336_systems.experiments.sharded_optimizer"),
+        sources("cs336_systems.sections.distributed.time_sharded_optimizer"),
     output:
         SHARDED_RECORD,
     log:
@@ -105,7 +105,7 @@ rule sharded_optimizer:
         sharding="sharded|replicated",
     params:
         job="experiment",
-        cli="cs336_systems.experiments.sharded_optimizer",
+        cli="cs336_systems.sections.distributed.time_sharded_optimizer",
         args=lambda wildcards: {
             "sharded": wildcards.sharding == "sharded",
             **{key: SHARDED_CONFIG[key] for key in ("size", "context_length", "batch_size",
@@ -124,14 +124,14 @@ rule ddp_check:
     """naive_ddp's check: our DDP variants against single-process training, on CPUs (gloo, two
     ranks, the tiny model, a few steps: seconds), the same in every preset."""
     input:
-        sources("cs336_systems.experiments.ddp_check"),
+        sources("cs336_systems.sections.distributed.check_ddp"),
     output:
         DDP_CHECK_RECORD,
     log:
         log_for(DDP_CHECK_RECORD),
     params:
         job="experiment",
-        cli="cs336_systems.experiments.ddp_check",
+        cli="cs336_systems.sections.distributed.check_ddp",
         args={"world_size": 2, "steps": 3, "device": "cpu"},
     threads: 2
     resources:
@@ -142,14 +142,14 @@ rule ddp_check:
 
 rule communication_accounting:
     input:
-        sources("cs336_systems.experiments.communication_accounting"),
+        sources("cs336_systems.sections.distributed.communication_accounting"),
     output:
         ACCOUNTING_RECORD,
     log:
         log_for(ACCOUNTING_RECORD),
     params:
         job="experiment",
-        cli="cs336_systems.experiments.communication_accounting",
+        cli="cs336_systems.sections.distributed.communication_accounting",
         args={},  # the assignment's constants are the inputs: nothing to choose
     script:
         JOB_SCRIPT
@@ -158,7 +158,7 @@ rule communication_accounting:
 rule distributed_tables:
     input:
         **DISTRIBUTED_RECORDS,
-        code=sources("cs336_systems.report.sections.distributed"),
+        code=sources("cs336_systems.sections.distributed.report"),
     output:
         facts=facts("distributed"),
         allreduce_table=report(table("allreduce"), caption=caption("allreduce"),

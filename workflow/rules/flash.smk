@@ -4,9 +4,9 @@
 # own implementations as sources, so editing kernels/flash_triton.py redoes the jobs that run
 # flash-triton and nothing else.
 
-from cs336_systems.attention import ATTENTION_IMPLEMENTATIONS, attention_modules
-from cs336_systems.speed_targets import GROUPS, group_args, group_modules
-from cs336_systems.timing import PRECISIONS
+from cs336_systems.lm.attention import ATTENTION_IMPLEMENTATIONS, attention_modules
+from cs336_systems.sections.flash.targets import GROUPS, group_args, group_modules
+from cs336_systems.lm.precision import PRECISIONS
 
 FLASH = P["flash"]
 LEADERBOARD = FLASH["leaderboard"]
@@ -23,7 +23,7 @@ FLASH_CATEGORY = "4 FlashAttention-2"
 rule flash:
     input:
         # the CLI, plus the kernels of this job's implementation (imported lazily)
-        lambda wildcards: sources("cs336_systems.experiments.flash",
+        lambda wildcards: sources("cs336_systems.sections.flash.time_flash",
                                   *attention_modules(wildcards.impl)),
     output:
         FLASH_RECORD,
@@ -36,7 +36,7 @@ rule flash:
         d=r"\d+",
     params:
         job="experiment",
-        cli="cs336_systems.experiments.flash",
+        cli="cs336_systems.sections.flash.time_flash",
         args=lambda wildcards: {"impl": wildcards.impl, "seq": wildcards.seq, "d": wildcards.d,
                                 "dtype": wildcards.dtype, "batch_size": FLASH["batch_size"],
                                 "causal": FLASH["causal"], "compile": False,
@@ -49,7 +49,7 @@ rule flash:
 
 rule flash_leaderboard:
     input:
-        lambda wildcards: sources("cs336_systems.experiments.flash",
+        lambda wildcards: sources("cs336_systems.sections.flash.time_flash",
                                   *attention_modules(wildcards.impl)),
     output:
         LEADERBOARD_RECORD,
@@ -59,7 +59,7 @@ rule flash_leaderboard:
         impl=one_of(ATTENTION_IMPLEMENTATIONS),
     params:
         job="experiment",
-        cli="cs336_systems.experiments.flash",
+        cli="cs336_systems.sections.flash.time_flash",
         # the assignment's case: torch.compile of each implementation, causal
         args=lambda wildcards: {"impl": wildcards.impl, "seq": LEADERBOARD["seq"],
                                 "d": LEADERBOARD["d"], "dtype": LEADERBOARD["dtype"],
@@ -75,7 +75,7 @@ rule flash_leaderboard:
 # references in one process.
 rule flash_speed:
     input:
-        lambda wildcards: sources("cs336_systems.experiments.flash_speed",
+        lambda wildcards: sources("cs336_systems.sections.flash.time_targets",
                                   *group_modules(wildcards.group)),
     output:
         SPEED_RECORD,
@@ -85,7 +85,7 @@ rule flash_speed:
         group=one_of(GROUPS),
     params:
         job="experiment",
-        cli="cs336_systems.experiments.flash_speed",
+        cli="cs336_systems.sections.flash.time_targets",
         args=lambda wildcards: {**group_args(wildcards.group, FLASH), "device": DEVICE},
     resources:
         **measuring_job(),
@@ -98,7 +98,7 @@ rule flash_tables:
         records=FLASH_RECORDS,
         leaderboard=LEADERBOARD_RECORDS,
         speed=SPEED_RECORDS,
-        code=sources("cs336_systems.report.sections.flash"),
+        code=sources("cs336_systems.sections.flash.report"),
     output:
         facts=facts("flash"),
         table=report(table("flash"), caption=caption("flash"), category=FLASH_CATEGORY),

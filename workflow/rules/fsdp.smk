@@ -15,7 +15,7 @@ FSDP_GPUS = 0 if DEVICE == "cpu" else FSDP_CONFIG["world_size"]
 
 rule fsdp:
     input:
-        sources("cs336_systems.experiments.fsdp"),
+        sources("cs336_systems.sections.fsdp.time_fsdp"),
     output:
         FSDP_RECORD,
     log:
@@ -24,7 +24,7 @@ rule fsdp:
         run=one_of(v for v in FSDP_VARIANTS if v != "bucketed") + r"|bucketed-[\d.]+mb",
     params:
         job="experiment",
-        cli="cs336_systems.experiments.fsdp",
+        cli="cs336_systems.sections.fsdp.time_fsdp",
         # "bucketed-100mb" -> variant bucketed, bucket_size_mb 100. The trace is a parameter,
         # not an output: a run without one (skipped, failed) must not fail the job.
         args=lambda wildcards: {
@@ -46,7 +46,7 @@ rule fsdp:
 rule fsdp_tables:
     input:
         records=expand(FSDP_RECORD, run=FSDP_RUNS),
-        code=sources("cs336_systems.report.sections.fsdp"),
+        code=sources("cs336_systems.sections.fsdp.report"),
     output:
         facts=facts("fsdp"),
         table=report(table("fsdp"), caption=caption("fsdp"), category=FSDP_CATEGORY),

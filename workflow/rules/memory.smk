@@ -5,9 +5,9 @@
 # the archive unless archive_heavy) and the compact timeline the figures are drawn from. They are
 # not outputs, since a skipped job writes none.
 
-from cs336_systems.lm_step import MODES
-from cs336_systems.model import MODEL_SIZES
-from cs336_systems.timing import PRECISIONS
+from cs336_systems.lm.step import MODES
+from cs336_systems.lm.model import MODEL_SIZES
+from cs336_systems.lm.precision import PRECISIONS
 
 MEM = P["memory"]
 MEM_RECORD = f"{RESULTS}/memory/{{size}}_ctx{{context_length}}_{{mode}}_{{precision}}.json"
@@ -18,7 +18,7 @@ MEM_MODE_KEYS = [mode.replace("-", "_") for mode in MEM["modes"]]
 
 rule memory:
     input:
-        sources("cs336_systems.experiments.memory"),
+        sources("cs336_systems.sections.memory.record_memory"),
     output:
         MEM_RECORD,
     log:
@@ -30,7 +30,7 @@ rule memory:
         context_length=r"\d+",
     params:
         job="experiment",
-        cli="cs336_systems.experiments.memory",
+        cli="cs336_systems.sections.memory.record_memory",
         args=lambda wildcards: {**wildcards, "batch_size": MEM["batch_size"],
                                 "warmup_steps": MEM["warmup_steps"],
                                 "measure_steps": MEM["measure_steps"],
@@ -45,7 +45,7 @@ rule memory_tables:
     input:
         records=expand(MEM_RECORD, size=MEM["sizes"], context_length=MEM["context_lengths"],
                        mode=MEM["modes"], precision=MEM["precisions"]),
-        code=sources("cs336_systems.report.sections.memory"),
+        code=sources("cs336_systems.sections.memory.report"),
     output:
         facts=facts("memory"),
         peak_table=report(table("memory_peaks"), caption=caption("memory_peaks"),

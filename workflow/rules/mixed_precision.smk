@@ -16,14 +16,14 @@ MIXED_PRECISION_CATEGORY = "1.3-1.4 mixed precision"
 
 rule mixed_precision_accumulation:
     input:
-        sources("cs336_systems.experiments.mixed_precision"),
+        sources("cs336_systems.sections.mixed_precision.run_study"),
     output:
         MP_ACCUMULATION_RECORD,
     log:
         log_for(MP_ACCUMULATION_RECORD),
     params:
         job="experiment",
-        cli="cs336_systems.experiments.mixed_precision",
+        cli="cs336_systems.sections.mixed_precision.run_study",
         args={"part": "accumulation", **MP["accumulation"], "device": DEVICE},
     resources:
         **measuring_job(),
@@ -33,7 +33,7 @@ rule mixed_precision_accumulation:
 
 rule mixed_precision_toy_model:
     input:
-        sources("cs336_systems.experiments.mixed_precision"),
+        sources("cs336_systems.sections.mixed_precision.run_study"),
     output:
         MP_TOY_RECORD,
     log:
@@ -42,7 +42,7 @@ rule mixed_precision_toy_model:
         precision=one_of(PRECISIONS),
     params:
         job="experiment",
-        cli="cs336_systems.experiments.mixed_precision",
+        cli="cs336_systems.sections.mixed_precision.run_study",
         args=lambda wildcards: {
             "part": "toy-model", "precision": wildcards.precision,
             **{k: v for k, v in MP["toy_model"].items() if k != "precisions"},
@@ -55,14 +55,14 @@ rule mixed_precision_toy_model:
 
 rule mixed_precision_layernorm:
     input:
-        sources("cs336_systems.experiments.mixed_precision"),
+        sources("cs336_systems.sections.mixed_precision.run_study"),
     output:
         MP_LAYERNORM_RECORD,
     log:
         log_for(MP_LAYERNORM_RECORD),
     params:
         job="experiment",
-        cli="cs336_systems.experiments.mixed_precision",
+        cli="cs336_systems.sections.mixed_precision.run_study",
         args={"part": "layernorm", **MP["layernorm"], "device": DEVICE},
     resources:
         **measuring_job(),
@@ -76,7 +76,7 @@ rule mixed_precision_tables:
         toy_model=expand(MP_TOY_RECORD, precision=MP["toy_model"]["precisions"]),
         layernorm=MP_LAYERNORM_RECORD,
         benchmark=MP_BENCH_RECORDS,
-        code=sources("cs336_systems.report.sections.mixed_precision"),
+        code=sources("cs336_systems.sections.mixed_precision.report"),
     output:
         facts=facts("mixed_precision"),
         accumulation_table=report(table("mixed_precision_accumulation"),

@@ -21,14 +21,14 @@ PAR_BENCH_RECORDS = expand(BENCH_RECORD, size=BENCH["sizes"],
 
 rule parallelism_checks:
     input:
-        sources("cs336_systems.experiments.parallelism"),
+        sources("cs336_systems.sections.parallelism.check_parallelism"),
     output:
         PAR_CHECKS_RECORD,
     log:
         log_for(PAR_CHECKS_RECORD),
     params:
         job="experiment",
-        cli="cs336_systems.experiments.parallelism",
+        cli="cs336_systems.sections.parallelism.check_parallelism",
         args=PAR["checks"],
     script:
         JOB_SCRIPT
@@ -39,7 +39,7 @@ rule parallelism_tables:
         checks=PAR_CHECKS_RECORD,
         allreduce=PAR_ALLREDUCE_RECORDS,
         benchmark=PAR_BENCH_RECORDS,
-        code=sources("cs336_systems.report.sections.parallelism"),
+        code=sources("cs336_systems.sections.parallelism.report"),
     output:
         facts=facts("parallelism"),
         limits_table=report(table("parallelism_limits"), caption=caption("parallelism_limits"),

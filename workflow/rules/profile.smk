@@ -3,7 +3,7 @@
 # tables, figure and facts. The trace (or the Nsight Systems report) lies beside each record,
 # named after it; it is not an output, since a skipped job writes none.
 
-from cs336_systems.experiments.profile import TOOLS
+from cs336_systems.sections.profile.profile_step import TOOLS
 
 PROF = P["profile"]
 PROF_RECORD = (f"{RESULTS}/profile/{{tool}}/{{size}}_ctx{{context_length}}_{{mode}}"
@@ -14,7 +14,7 @@ PROF_CONFIGS = dict(size=PROF["sizes"], context_length=PROF["context_lengths"],
 
 rule profile:
     input:
-        sources("cs336_systems.experiments.profile", *attention_modules(PROF["attention"])),
+        sources("cs336_systems.sections.profile.profile_step", *attention_modules(PROF["attention"])),
     output:
         PROF_RECORD,
     log:
@@ -27,7 +27,7 @@ rule profile:
         context_length=r"\d+",
     params:
         job="experiment",
-        cli="cs336_systems.experiments.profile",
+        cli="cs336_systems.sections.profile.profile_step",
         args=lambda wildcards: {**wildcards, "batch_size": PROF["batch_size"],
                                 "warmup_steps": PROF["warmup_steps"],
                                 "measure_steps": PROF["measure_steps"],
@@ -42,7 +42,7 @@ rule profile_tables:
     input:
         records=expand(PROF_RECORD, tool="torch", **PROF_CONFIGS),
         nsys_records=expand(PROF_RECORD, tool="nsys", **PROF_CONFIGS) if PROF["nsys"] else [],
-        code=sources("cs336_systems.report.sections.profile"),
+        code=sources("cs336_systems.sections.profile.report"),
     output:
         facts=facts("profile"),
         kernel_table=report(table("profile_kernels"), caption=caption("profile_kernels"),

@@ -1,14 +1,13 @@
 # The writeup: each section's facts rendered through its template, then the header, the
-# coverage table and the sections in the order of cs336_systems.report.sections.SECTIONS.
+# coverage table and the sections in the order of cs336_systems.sections.SECTIONS.
 # Editing a section's template redoes that section's markdown and the writeup, nothing else.
 
-TEMPLATES = "src/cs336_systems/report/templates"
 
 
 rule section_markdown:
     input:
         facts=facts("{section}"),
-        template=f"{TEMPLATES}/{{section}}.md.j2",
+        template=section_file("{section}", "template.md.j2"),
         code=sources("cs336_systems.report.render"),
     output:
         f"{SECTION_DIR}/{{section}}.md",
@@ -27,7 +26,7 @@ rule writeup:
     input:
         sections=expand(f"{SECTION_DIR}/{{section}}.md", section=SECTIONS),
         facts=[facts(section) for section in SECTIONS],
-        template=f"{TEMPLATES}/writeup.md.j2",
+        template=f"{PACKAGE}/report/templates/writeup.md.j2",
         code=sources("cs336_systems.report.writeup"),
     output:
         report("report/writeup.md", caption=caption("writeup"), category="Writeup"),

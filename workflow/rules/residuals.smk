@@ -3,7 +3,7 @@
 # saves for backward through saved-tensor hooks and what the block's backward produces; then
 # the section's tables, figure and facts.
 
-from cs336_systems.experiments.residuals import VARIANTS
+from cs336_systems.sections.residuals.count_saved import VARIANTS
 
 RES = P["residuals"]
 RES_RMSNORM = RES["rmsnorm"]
@@ -19,7 +19,7 @@ RESIDUALS_CATEGORY = "2 autograd_residuals"
 
 rule residuals_rmsnorm:
     input:
-        sources("cs336_systems.experiments.residuals"),
+        sources("cs336_systems.sections.residuals.count_saved"),
     output:
         RES_RMSNORM_RECORD,
     log:
@@ -32,7 +32,7 @@ rule residuals_rmsnorm:
         context_length=r"\d+",
     params:
         job="experiment",
-        cli="cs336_systems.experiments.residuals",
+        cli="cs336_systems.sections.residuals.count_saved",
         args=lambda wildcards: {"target": "rmsnorm", **wildcards, "device": DEVICE},
     resources:
         **measuring_job(),
@@ -42,7 +42,7 @@ rule residuals_rmsnorm:
 
 rule residuals_block:
     input:
-        sources("cs336_systems.experiments.residuals"),
+        sources("cs336_systems.sections.residuals.count_saved"),
     output:
         RES_BLOCK_RECORD,
     log:
@@ -56,7 +56,7 @@ rule residuals_block:
         context_length=r"\d+",
     params:
         job="experiment",
-        cli="cs336_systems.experiments.residuals",
+        cli="cs336_systems.sections.residuals.count_saved",
         args=lambda wildcards: {"target": "block", **wildcards, "device": DEVICE},
     resources:
         **measuring_job(),
@@ -72,7 +72,7 @@ rule residuals_tables:
                      batch_size=RES_BLOCK["batch_size"],
                      context_length=RES_BLOCK["context_lengths"],
                      variant=RES_BLOCK["variants"], precision=RES["precision"]),
-        code=sources("cs336_systems.report.sections.residuals"),
+        code=sources("cs336_systems.sections.residuals.report"),
     output:
         facts=facts("residuals"),
         table=report(table("residuals"), caption=caption("residuals"),

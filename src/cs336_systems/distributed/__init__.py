@@ -5,21 +5,30 @@
     sharded_optimizer.py  ShardedOptimizer: each rank keeps ~1/world of the optimizer state
     fsdp.py               FSDP: Linear and Embedding weights, their gradients and optimizer
                           state sharded; weights gathered per layer, with a prefetch window
-    launch.py             spawn local process groups (tests, CPU runs) or join torchrun's
+    training.py           one data-parallel training step: a variant's wrapper and phases
+    variants.py           the names of the DDP and FSDP variants the benchmarks run
+    launch.py             spawn local process groups (tests, CPU runs) or join torchrun's;
+                          which backend a device takes and whether this machine can hold it
+
+The names below are imported on first use.
 """
 
-from cs336_systems.distributed.ddp import DDP, DDPBucketed, assign_buckets
-from cs336_systems.distributed.fsdp import FSDP
-from cs336_systems.distributed.launch import (
-    cleanup, free_port, require_initialized, setup_from_env, spawn,
-)
-from cs336_systems.distributed.naive import (
-    allreduce_gradients_flat, allreduce_gradients_individually, broadcast_parameters,
-)
-from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer
+from cs336_systems.lazy import lazy_exports
 
-__all__ = [
-    "DDP", "DDPBucketed", "FSDP", "ShardedOptimizer", "allreduce_gradients_flat",
-    "allreduce_gradients_individually", "assign_buckets", "broadcast_parameters", "cleanup",
-    "free_port", "require_initialized", "setup_from_env", "spawn",
-]
+EXPORTS = {
+    "DDP": "cs336_systems.distributed.ddp",
+    "DDPBucketed": "cs336_systems.distributed.ddp",
+    "assign_buckets": "cs336_systems.distributed.ddp",
+    "FSDP": "cs336_systems.distributed.fsdp",
+    "cleanup": "cs336_systems.distributed.launch",
+    "free_port": "cs336_systems.distributed.launch",
+    "require_initialized": "cs336_systems.distributed.launch",
+    "setup_from_env": "cs336_systems.distributed.launch",
+    "spawn": "cs336_systems.distributed.launch",
+    "allreduce_gradients_flat": "cs336_systems.distributed.naive",
+    "allreduce_gradients_individually": "cs336_systems.distributed.naive",
+    "broadcast_parameters": "cs336_systems.distributed.naive",
+    "ShardedOptimizer": "cs336_systems.distributed.sharded_optimizer",
+}
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
+__all__ = list(EXPORTS)

@@ -44,7 +44,7 @@ Exactness. A rank's gradient is that of its own rows' mean loss, and FSDP averag
 ranks that is bitwise what one process gets for the whole batch's mean loss by adding the two
 halves' gradients and halving the sum (a sum of two numbers does not depend on their order;
 halving is exact). So in fp32 on gloo, FSDP trains exactly as one process that takes the whole
-batch as those two halves (tests/test_distributed_fsdp.py), and with compute_dtype exactly as one
+batch as those two halves (tests/distributed/test_fsdp.py), and with compute_dtype exactly as one
 that casts each weight where it is used. One backward over the whole batch instead sums each
 matmul's rows in another order: the weights then differ in their last bits (up to 1.2e-7 after
 three steps of the test's toy model). With more ranks the sum follows the backend's order.
@@ -378,3 +378,17 @@ class FSDP(nn.Module):
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
+
+
+def sharding_breakdown(module: nn.Module) -> dict[str, int]:
+    """What FSDP's rule shards of `module` and what it keeps whole: parameters and bytes of
+    each (every distinct parameter once, at its own dtype), and the largest sharded weight."""
+    sharded = {id(m.weight): m.weight for m in module.modules() if is_sharded_layer(m)}
+    whole = [p for p in module.parameters() if id(p) not in sharded]
+    return {"sharded_parameters": sum(p.numel() for p in sharded.values()),
+            "sharded_bytes": sum(p.numel() * p.element_size() for p in sharded.values()),
+            "sharded_weights": len(sharded),
+            "replicated_parameters": sum(p.numel() for p in whole),
+            "replicated_bytes": sum(p.numel() * p.element_size() for p in whole),
+            "largest_sharded_bytes": max((p.numel() * p.element_size()
+                                          for p in sharded.values()), default=0)}

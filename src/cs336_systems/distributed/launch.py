@@ -28,6 +28,26 @@ MASTER_ADDR = "127.0.0.1"
 BACKENDS = ("gloo", "nccl")
 
 
+def unavailable_reason(backend: str, world_size: int) -> str | None:
+    """Why this machine cannot hold `world_size` ranks on `backend`, or None if it can."""
+    if backend == "nccl":
+        gpus = torch.cuda.device_count()
+        if gpus < world_size:
+            return f"nccl with {world_size} processes needs {world_size} GPUs; this machine has {gpus}"
+    cores = os.cpu_count() or 1
+    if backend == "gloo" and world_size > cores:
+        return (f"gloo with {world_size} processes on {cores} CPU cores would time the "
+                "oversubscription, not the collective")
+    return None
+
+
+def backend_for(device: str) -> str:
+    """nccl for CUDA devices, gloo for the CPU; `auto` follows what this machine has."""
+    if device == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago on 127.0.0.1 (the OS picks it: bind to port 0)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

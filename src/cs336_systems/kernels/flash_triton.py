@@ -53,8 +53,11 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
-from cs336_systems.kernels.checks import (MAX_HEAD_DIM, check_attention_inputs,
-                                          require_triton_device)
+from cs336_systems.kernels.checks import (
+    MAX_HEAD_DIM,
+    check_attention_inputs,
+    require_triton_device,
+)
 from cs336_systems.kernels.flash_pytorch import compiled_flash_backward
 
 LOG2_E = tl.constexpr(1.4426950408889634)

@@ -1,6 +1,6 @@
 """report/writeup.md: a header saying what ran where, the coverage table, then the sections.
 
-The sections come in the order of `cs336_systems.report.sections.SECTIONS`, each already
+The sections come in the order of `cs336_systems.sections.SECTIONS`, each already
 rendered to markdown by its own template; the coverage table lists every problem of the
 assignment (`coverage.PROBLEMS`) with what the sections' facts say of it.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cs336_systems.records import git_commit, write_text_atomic
+from cs336_systems.pipeline.records import git_commit, write_text_atomic
 from cs336_systems.report.coverage import coverage_rows
 from cs336_systems.report.facts import read_facts
 from cs336_systems.report.render import render

@@ -1,1 +1,0 @@
-"""Thin CLIs: one configuration in, one JSON record out (see `cs336_systems.records`)."""

@@ -1,0 +1,189 @@
+"""Attention implementations the model and the benchmarks plug in: one registry, one set of names.
+
+Every implementation has the signature `attention(q, k, v, is_causal) -> out` with q, k, v and
+out of shape (..., seq, d_head): the model calls it on (batch, heads, seq, d_head), the flash
+benchmark on (batch, seq, d). Register new ones (annotated, compiled, other kernels) in
+`ATTENTION_IMPLEMENTATIONS`; the config schema's enums, the CLIs' choices and the report's labels
+all read this registry. `sdpa` is SDPA with torch's own choice of backend; `sdpa-flash` and
+`sdpa-cudnn` pin one backend each (`unavailable_reason` says where one cannot run).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import record_function
+
+
+class AttentionFn(Protocol):
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor: ...
+
+
+def eager_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v, written out in plain PyTorch ops."""
+    d_head = q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_head)  # (..., seq_q, seq_k)
+    if is_causal:
+        seq_q, seq_k = scores.shape[-2:]
+        mask = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+# The ranges `annotated` marks inside attention (nsys_profile (e)), in the order they run.
+ATTENTION_PARTS = ("attention.scores", "attention.softmax", "attention.output")
+
+
+def annotated_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    """`eager_attention` with each part in a profiler range (`record_function`, which is also an
+    NVTX range under `torch.autograd.profiler.emit_nvtx`): the score matmul with its scaling
+    and mask, the softmax, and the final matmul."""
+    scores_range, softmax_range, output_range = ATTENTION_PARTS
+    with record_function(scores_range):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., seq_q, seq_k)
+        if is_causal:
+            seq_q, seq_k = scores.shape[-2:]
+            mask = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+    with record_function(softmax_range):
+        probabilities = torch.softmax(scores, dim=-1)
+    with record_function(output_range):
+        return probabilities @ v
+
+
+def attention_part_flops(batch_heads: int, seq: int, d_head: int) -> dict[str, int]:
+    """FLOPs of each part of `annotated_attention` for `batch_heads` (batch x heads) score
+    matrices of seq x seq: 2 per multiply-add for the two matmuls; for the softmax, 5 per score
+    (max, subtract, exp, sum, divide), the count the handout's FLOP comparison uses."""
+    scores = batch_heads * seq * seq
+    return {"attention.scores": 2 * scores * d_head, "attention.softmax": 5 * scores,
+            "attention.output": 2 * scores * d_head}
+
+
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    """PyTorch's fused scaled_dot_product_attention (the reference users would reach for).
+
+    (batch, seq, d) inputs get a head axis of 1, without which SDPA cannot pick its fused
+    (flash, memory-efficient, cuDNN) kernels.
+    """
+    if q.dim() == 3:
+        return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None],
+                                              is_causal=is_causal)[:, 0]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+
+def sdpa_flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    """`sdpa_attention` pinned to SDPA's flash backend (FlashAttention-2 kernels in PyTorch).
+
+    `sdpa_kernel` inside the function is traced by torch.compile (dynamo), so the pinned
+    backend holds in compiled code too.
+    """
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return sdpa_attention(q, k, v, is_causal)
+
+
+def sdpa_cudnn_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    """`sdpa_attention` pinned to SDPA's cuDNN backend (cuDNN's fused attention)."""
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return sdpa_attention(q, k, v, is_causal)
+
+
+# How SDPA says that no enabled backend takes these inputs: CUDA builds, then CPU builds.
+_SDPA_NO_KERNEL = ("No available kernel", "No viable backend")
+
+
+def unavailable_reason(name: str, q: Tensor, k: Tensor, v: Tensor,
+                       is_causal: bool = False) -> str | None:
+    """Why implementation `name` cannot run these inputs on this machine, or None if it can.
+
+    Only implementations pinned to one SDPA backend can be unavailable (a GPU too old, a build
+    without the backend, a head dimension it does not take); SDPA says so by raising at the
+    call, with its reasons as warnings just before. This runs one forward without autograd.
+    """
+    if not _lookup(name).pinned_backend:
+        return None
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        try:
+            get_attention(name)(q, k, v, is_causal)
+        except RuntimeError as error:
+            if not any(phrase in str(error) for phrase in _SDPA_NO_KERNEL):
+                raise
+            reasons = [" ".join(str(w.message).split()) for w in caught]
+            first_line = str(error).splitlines()[0]
+            return f"{attention_label(name)} cannot run here: " + "; ".join(reasons or [first_line])
+    return None
+
+
+def _per_head(kernel, q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
+    """Run a (batch, seq, d) kernel over (..., seq, d) inputs by folding the leading dims."""
+    lead = q.shape[:-2]
+    fold = lambda t: t.reshape(-1, *t.shape[-2:])  # noqa: E731
+    return kernel.apply(fold(q), fold(k), fold(v), is_causal).reshape(*lead, *q.shape[-2:])
+
+
+def flash_triton_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    """FlashAttention-2, Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1)."""
+    from cs336_systems.kernels.flash_triton import (
+        FlashAttentionTriton,  # triton only when used
+    )
+    return _per_head(FlashAttentionTriton, q, k, v, is_causal)
+
+
+def flash_pytorch_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    """FlashAttention-2, tiled PyTorch forward and compiled PyTorch backward."""
+    from cs336_systems.kernels.flash_pytorch import FlashAttentionPytorch
+    return _per_head(FlashAttentionPytorch, q, k, v, is_causal)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One registered implementation: the callable, its label in tables, and the kernel module
+    it imports lazily (which a Snakemake rule running it must list as a source)."""
+
+    fn: Callable[..., Tensor]
+    label: str
+    kernel_module: str | None = None
+    pinned_backend: bool = False  # one SDPA backend only: may not run on every machine
+
+
+ATTENTION_IMPLEMENTATIONS: dict[str, Attention] = {
+    "eager": Attention(eager_attention, "plain PyTorch"),
+    "annotated": Attention(annotated_attention, "plain PyTorch, profiler ranges"),
+    "sdpa": Attention(sdpa_attention, "torch SDPA"),
+    "sdpa-flash": Attention(sdpa_flash_attention, "SDPA flash", pinned_backend=True),
+    "sdpa-cudnn": Attention(sdpa_cudnn_attention, "SDPA cuDNN", pinned_backend=True),
+    "flash-triton": Attention(flash_triton_attention, "Triton FA2",
+                              "cs336_systems.kernels.flash_triton"),
+    "flash-pytorch": Attention(flash_pytorch_attention, "PyTorch FA2 (tiled)",
+                               "cs336_systems.kernels.flash_pytorch"),
+}
+
+
+def _lookup(name: str) -> Attention:
+    if name not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"unknown attention {name!r}; allowed: "
+                         f"{', '.join(ATTENTION_IMPLEMENTATIONS)}")
+    return ATTENTION_IMPLEMENTATIONS[name]
+
+
+def get_attention(name: str) -> AttentionFn:
+    return _lookup(name).fn
+
+
+def attention_label(name: str) -> str:
+    """The implementation's name in tables and figures (the name itself if unregistered)."""
+    return ATTENTION_IMPLEMENTATIONS[name].label if name in ATTENTION_IMPLEMENTATIONS else name
+
+
+def attention_modules(name: str) -> list[str]:
+    """Package modules a job running `name` imports lazily, for its rule's source inputs."""
+    module = _lookup(name).kernel_module
+    return [module] if module else []

@@ -1,0 +1,36 @@
+"""One LM step built from one configuration: the benchmark, the profiler, the memory and the
+checkpointing jobs run exactly the same step.
+
+    model, phases = build_lm_step({"size": "small", "context_length": 256, "mode": "train-step",
+                                   ...}, device)
+    times = time_phases(phases, device, warmup_steps, measure_steps)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from cs336_systems.lm.model import build_model
+from cs336_systems.lm.optimizer import AdamW
+from cs336_systems.lm.step import lm_step_phases, random_batch
+from cs336_systems.measure.timing import Phase
+
+
+def build_lm_step(config: Mapping, device: torch.device) -> tuple[nn.Module, list[Phase]]:
+    """The model and the phases of one step: keys size, context_length, attention, batch_size,
+    mode, precision, seed, and optionally checkpoint_block_size (see `TransformerLM`) and
+    compile (`torch.compile` the model; it compiles on the first step)."""
+    torch.manual_seed(config["seed"])
+    model = build_model(config["size"], config["context_length"],
+                        attention=config["attention"],
+                        checkpoint_block_size=config.get("checkpoint_block_size"), device=device)
+    if config.get("compile"):
+        model = torch.compile(model)
+    token_ids, targets = random_batch(config["batch_size"], config["context_length"], device,
+                                      config["seed"])
+    optimizer = AdamW(model.parameters(), lr=1e-4) if config["mode"] == "train-step" else None
+    return model, lm_step_phases(model, token_ids, targets, config["mode"],
+                                 config["precision"], optimizer)

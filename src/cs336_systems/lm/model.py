@@ -1,0 +1,261 @@
+"""Decoder-only Transformer LM of the assignment's shared setup, and its size table.
+
+Pre-norm blocks: x + attn(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)); causal multi-head
+self-attention with RoPE (theta 10000); final RMSNorm and an untied LM head. The attention
+kernel itself is a pluggable callable (see `attention.py`), so later sections can swap in
+annotated, compiled or FlashAttention versions without touching the model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from cs336_systems.lm.attention import AttentionFn, get_attention
+
+VOCAB_SIZE = 10_000
+ROPE_THETA = 10_000.0
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+    max_context_length: int = 1024
+
+
+# The assignment's table; `tiny` is ours, for CPU smoke runs and tests only.
+MODEL_SIZES: dict[str, ModelSize] = {
+    "tiny": ModelSize(d_model=64, d_ff=256, num_layers=2, num_heads=4, max_context_length=256),
+    "small": ModelSize(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "medium": ModelSize(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
+    "large": ModelSize(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
+    "xl": ModelSize(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
+    # 2026's "xl": its memory problems run it at context 2048
+    "2.7b": ModelSize(d_model=2560, d_ff=10240, num_layers=32, num_heads=32,
+                      max_context_length=2048),
+}
+
+
+def get_size(name: str) -> ModelSize:
+    if name not in MODEL_SIZES:
+        raise ValueError(f"unknown model size {name!r}; allowed: {', '.join(MODEL_SIZES)}")
+    return MODEL_SIZES[name]
+
+
+def context_length_problem(size: str, context_length: int) -> str | None:
+    """Why size `size` cannot run `context_length` tokens, or None if it can: the one check of
+    a context length, which the config, the CLIs and `build_model` each phrase as their error."""
+    longest = get_size(size).max_context_length
+    if context_length > longest:
+        return (f"context length {context_length} is longer than size {size!r} supports "
+                f"(at most {longest})")
+    if context_length < 1:
+        return f"context length {context_length} is not a positive number of tokens"
+    return None
+
+
+def _trunc_normal_(weight: Tensor, fan_in: int, fan_out: int) -> Tensor:
+    std = math.sqrt(2.0 / (fan_in + fan_out))
+    return nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+class Linear(nn.Module):
+    """y = x W^T, no bias; W is (d_out, d_in)."""
+
+    def __init__(self, d_in: int, d_out: int, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_out, d_in, device=device, dtype=dtype))
+        _trunc_normal_(self.weight, d_in, d_out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.weight.T
+
+
+class Embedding(nn.Module):
+    def __init__(self, num_embeddings: int, d_model: int, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, d_model, device=device, dtype=dtype))
+        nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)
+
+    def forward(self, token_ids: Tensor) -> Tensor:
+        return self.weight[token_ids]
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * g, computed in fp32 whatever the input dtype."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        in_dtype = x.dtype
+        x = x.float()
+        rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x * rms * self.weight).to(in_dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates consecutive pairs (x[2i], x[2i+1]) by angle pos * theta^(-2i/d)."""
+
+    def __init__(self, d_head: int, max_seq_len: int, theta: float = ROPE_THETA, device=None):
+        super().__init__()
+        inv_freq = theta ** (-torch.arange(0, d_head, 2, device=device).float() / d_head)
+        angles = torch.outer(torch.arange(max_seq_len, device=device).float(), inv_freq)
+        self.register_buffer("cos", angles.cos(), persistent=False)  # (max_seq, d_head/2)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        # x: (..., seq, d_head); positions: (seq,)
+        cos, sin = self.cos[positions], self.sin[positions]
+        pairs = rearrange(x, "... (half two) -> ... half two", two=2)
+        even, odd = pairs[..., 0], pairs[..., 1]
+        rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+        return rearrange(rotated, "... half two -> ... (half two)").to(x.dtype)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model: int, num_heads: int, rope: RotaryEmbedding,
+                 attention: AttentionFn, device=None, dtype=None):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model {d_model} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.qkv_proj = Linear(d_model, 3 * d_model, device=device, dtype=dtype)
+        self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.rope = rope
+        self.attention = attention
+
+    def forward(self, x: Tensor) -> Tensor:
+        # x: (batch, seq, d_model)
+        seq_len = x.shape[-2]
+        q, k, v = rearrange(self.qkv_proj(x), "b s (three h d) -> three b h s d",
+                            three=3, h=self.num_heads)
+        positions = torch.arange(seq_len, device=x.device)
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        out = self.attention(q, k, v, is_causal=True)  # (batch, heads, seq, d_head)
+        return self.output_proj(rearrange(out, "b h s d -> b s (h d)"))
+
+
+class SwiGLU(nn.Module):
+    """w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, d_model: int, d_ff: int, device=None, dtype=None):
+        super().__init__()
+        self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
+        self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
+        self.w3 = Linear(d_model, d_ff, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = self.w1(x)
+        return self.w2(a * torch.sigmoid(a) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, rope: RotaryEmbedding,
+                 attention: AttentionFn, device=None, dtype=None):
+        super().__init__()
+        self.ln1 = RMSNorm(d_model, device=device, dtype=dtype)
+        self.attn = CausalSelfAttention(d_model, num_heads, rope, attention, device, dtype)
+        self.ln2 = RMSNorm(d_model, device=device, dtype=dtype)
+        self.ffn = SwiGLU(d_model, d_ff, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.ffn(self.ln2(x))
+
+
+def run_blocks(blocks: nn.ModuleList, x: Tensor) -> Tensor:
+    for block in blocks:
+        x = block(x)
+    return x
+
+
+class TransformerLM(nn.Module):
+    """With `checkpoint_block_size` k, the blocks run in groups of k (the last may be shorter),
+    each group under `torch.utils.checkpoint` (non-reentrant) when gradients are on: only a
+    group's input is kept for backward, and its activations are recomputed there, one group at
+    a time (gradient_checkpointing, one level of recomputation). None keeps every activation.
+    """
+
+    def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int,
+                 num_heads: int, d_ff: int, attention: AttentionFn | str = "eager",
+                 checkpoint_block_size: int | None = None, device=None, dtype=None):
+        super().__init__()
+        if checkpoint_block_size is not None and checkpoint_block_size < 1:
+            raise ValueError(f"checkpoint_block_size must be a positive number of blocks or "
+                             f"None, got {checkpoint_block_size}")
+        attention_fn = get_attention(attention) if isinstance(attention, str) else attention
+        self.context_length = context_length
+        self.checkpoint_block_size = checkpoint_block_size
+        self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
+        # One RoPE table shared by every layer (a buffer, not a parameter).
+        rope = RotaryEmbedding(d_model // num_heads, context_length, device=device)
+        self.layers = nn.ModuleList(
+            TransformerBlock(d_model, num_heads, d_ff, rope, attention_fn, device, dtype)
+            for _ in range(num_layers)
+        )
+        self.ln_final = RMSNorm(d_model, device=device, dtype=dtype)
+        self.lm_head = Linear(d_model, vocab_size, device=device, dtype=dtype)
+
+    def forward(self, token_ids: Tensor) -> Tensor:
+        # token_ids: (batch, seq) -> logits: (batch, seq, vocab)
+        seq_len = token_ids.shape[-1]
+        if seq_len > self.context_length:
+            raise ValueError(f"sequence length {seq_len} exceeds the model's context length "
+                             f"{self.context_length}")
+        x = self.token_embeddings(token_ids)
+        k = self.checkpoint_block_size
+        if k is None or not torch.is_grad_enabled():
+            x = run_blocks(self.layers, x)
+        else:
+            for start in range(0, len(self.layers), k):
+                x = checkpoint(run_blocks, self.layers[start:start + k], x, use_reentrant=False)
+        return self.lm_head(self.ln_final(x))
+
+
+def build_model(size: str, context_length: int, attention: AttentionFn | str = "eager",
+                vocab_size: int = VOCAB_SIZE, checkpoint_block_size: int | None = None,
+                device=None, dtype=None) -> TransformerLM:
+    """The assignment's model of a named size; `device="meta"` builds it without memory."""
+    if problem := context_length_problem(size, context_length):
+        raise ValueError(problem)
+    spec = get_size(size)
+    return TransformerLM(vocab_size, context_length, spec.d_model, spec.num_layers,
+                         spec.num_heads, spec.d_ff, attention=attention,
+                         checkpoint_block_size=checkpoint_block_size, device=device, dtype=dtype)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def parameter_count(size: str, vocab_size: int = VOCAB_SIZE) -> int:
+    """Parameters of a named size, embeddings included (built on the meta device: no memory)."""
+    return count_parameters(build_model(size, context_length=get_size(size).max_context_length,
+                                        vocab_size=vocab_size, device="meta"))
+
+
+def forward_flops(size: str, batch_size: int, context_length: int,
+                  vocab_size: int = VOCAB_SIZE) -> int:
+    """Matmul FLOPs of one forward pass, 2 per multiply-add.
+
+    Per token: the attention projections (4 d^2), the SwiGLU (3 d d_ff) in every layer and the
+    LM head (d vocab); per layer and sequence: q k^T and p v over the full score matrix
+    (2 seq^2 d, the causal mask's skipped half included, as an unfused kernel computes it).
+    The backward pass costs about twice this.
+    """
+    s = get_size(size)
+    tokens = batch_size * context_length
+    per_token = s.num_layers * (4 * s.d_model**2 + 3 * s.d_model * s.d_ff) + s.d_model * vocab_size
+    attention = s.num_layers * batch_size * 2 * context_length**2 * s.d_model
+    return 2 * (tokens * per_token + attention)

@@ -1,0 +1,522 @@
+"""gradient_checkpointing (assignment §2): (a) which nested strategy needs the least memory for N
+identical blocks, from the simulator over N and from real blocks; (b) one level of
+recomputation at the LM's full size: peak memory and step time per block size.
+
+`build` is the section's report module entry (see `cs336_systems.sections`); the prose
+is in `templates/checkpointing.md.j2`. Inputs: the step records (one per block size, `none`
+for no checkpointing) and the nested-strategy record of real blocks; the simulation itself is
+computed here from `cs336_systems.analysis.checkpoint_trees` (pure Python, no record), with the units of
+`options["simulation"]`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from matplotlib import ticker
+
+from cs336_systems.analysis import checkpoint_trees as ckpt
+from cs336_systems.analysis.checkpoint_trees import OPTIMAL
+from cs336_systems.analysis.memory_model import block_residuals
+from cs336_systems.lm.model import MODEL_SIZES
+from cs336_systems.measure.memory import GIB, PEAK_SOURCES
+from cs336_systems.pipeline.records import read_record
+from cs336_systems.report import figures
+from cs336_systems.report.facts import covered, not_ok, reason, speedup
+from cs336_systems.report.render import fmt, fmt_ratio
+from cs336_systems.report.tables import (
+    ensure_columns,
+    env_summary,
+    mean_pm_std,
+    records_frame,
+    to_markdown,
+    write_table,
+)
+
+LABELS = {**{name: label for name, (label, _) in ckpt.STRATEGIES.items()},
+          OPTIMAL: "least peak (the programme)"}
+NONE = "none"  # the block size of no checkpointing, in tables
+
+
+# --- (a) the simulation ----------------------------------------------------------------------
+
+def simulation_frame(max_blocks: int, activations, boundary
+                     ) -> tuple[pd.DataFrame, dict[str, ckpt.Strategy]]:
+    """Peak and compute of every compared strategy and of the programme's optimum, N = 1 to
+    max_blocks, in the given units; and each one's tree at N = max_blocks."""
+    programme = ckpt.Programme(activations, boundary)
+    rows = []
+    for n in range(1, max_blocks + 1):
+        trees = {name: make(n) for name, (_, make) in ckpt.STRATEGIES.items()}
+        trees[OPTIMAL] = programme.optimal(n)[0]
+        for name, tree in trees.items():
+            cost = ckpt.simulate(tree, activations, boundary)
+            rows.append({"strategy": name, "label": LABELS[name], "blocks": n,
+                         "peak": cost.peak, "compute": cost.compute,
+                         "tree": ckpt.notation(tree)})
+    return pd.DataFrame(rows), trees
+
+
+def fit_range(max_blocks: int) -> list[int]:
+    """The N the growth fits use: the upper part of the range, where the leading term shows."""
+    return list(range(max(2, max_blocks // 8), max_blocks + 1))
+
+
+def growth_facts(frame: pd.DataFrame, trees: dict[str, ckpt.Strategy], max_blocks: int,
+                 activations, boundary) -> dict[str, dict]:
+    """Per strategy: the growth class that fits its peak and its compute over `fit_range`, and
+    its peak at N = max_blocks as a * A + b * s."""
+    ns = fit_range(max_blocks)
+    out = {}
+    for name in LABELS:
+        rows = frame[(frame["strategy"] == name) & frame["blocks"].isin(ns)]
+        terms = ckpt.peak_terms(trees[name], activations, boundary)
+        out[name] = {"label": LABELS[name],
+                     "peak": ckpt.growth(list(rows["blocks"]), list(rows["peak"])),
+                     "compute": ckpt.growth(list(rows["blocks"]), list(rows["compute"])),
+                     "terms": {"activations": terms[0], "boundary": terms[1]} if terms else None,
+                     "terms_text": terms_text(terms)}
+    return out
+
+
+def terms_text(terms: tuple[float, float] | None) -> str:
+    """(1, 4) -> 'A + 4s'."""
+    if terms is None:
+        return ""
+    parts = [f"{'' if c == 1 else fmt(c, 0)}{unit}" for c, unit in zip(terms, ("A", "s")) if c]
+    return " + ".join(parts) or "0"
+
+
+def brute_force_facts(max_blocks: int, activations, boundary) -> dict:
+    """Every nested tree for N up to max_blocks through the simulator: its least peak, the
+    least compute at that peak, and the whole (peak, compute) front, against the programme."""
+    programme = ckpt.Programme(activations, boundary)
+    checked = []
+    for n in range(1, max_blocks + 1):
+        costs = {(c.peak, c.compute) for c in
+                 (ckpt.simulate(t, activations, boundary) for t in ckpt.all_strategies(n))}
+        front = []
+        for peak, compute in sorted(costs):
+            if not front or compute < front[-1][1]:
+                front.append((peak, compute))
+        dp = [(c.peak, c.compute) for _, c in programme.pareto(n)]
+        checked.append({"blocks": n, "trees": sum(1 for _ in ckpt.all_strategies(n)),
+                        "optimum_agrees": front[0] == dp[0], "front_agrees": front == dp})
+    return {"max_blocks": max_blocks, "checked": checked,
+            "trees": checked[-1]["trees"] if checked else 0,
+            "agrees": all(c["optimum_agrees"] and c["front_agrees"] for c in checked)}
+
+
+def simulation_display(frame: pd.DataFrame, max_blocks: int) -> pd.DataFrame:
+    """Strategies by rows, N = powers of two by columns: `peak / compute`."""
+    ns = [2 ** i for i in range(int(math.log2(max_blocks)) + 1)]
+    rows = []
+    for name in LABELS:
+        at = frame[frame["strategy"] == name].set_index("blocks")
+        rows.append({"strategy": LABELS[name],
+                     **{f"N={n}": f"{fmt(at.loc[n, 'peak'], 0)} / {at.loc[n, 'compute']}"
+                        for n in ns}})
+    return pd.DataFrame(rows)
+
+
+def growth_display(growth: dict[str, dict], max_blocks: int) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "strategy": g["label"], f"peak at N={max_blocks}": g["terms_text"],
+        "peak grows as": g["peak"]["class"],
+        f"peak(N={max_blocks}) / peak(N={max_blocks // 2})": fmt(g["peak"]["doubling_ratio"], 2),
+        "compute grows as": g["compute"]["class"],
+        f"compute(N={max_blocks}) / compute(N={max_blocks // 2})":
+            fmt(g["compute"]["doubling_ratio"], 2)} for g in growth.values()])
+
+
+def front_facts(max_blocks: int, activations, boundary, frame: pd.DataFrame) -> dict:
+    """The (peak, compute) front at N = max_blocks, and where each compared strategy stands:
+    on the front, or how much more compute it takes than the front's at its peak or less."""
+    front = [(c.peak, c.compute) for _, c in
+             ckpt.Programme(activations, boundary).pareto(max_blocks)]
+    at = frame[frame["blocks"] == max_blocks]
+    places = []
+    for _, r in at.iterrows():
+        least = min(c for p, c in front if p <= r["peak"])
+        places.append({"strategy": r["strategy"], "label": r["label"], "peak": r["peak"],
+                       "compute": r["compute"], "front_compute": least,
+                       "on_front": bool(r["compute"] == least),
+                       "extra_compute": r["compute"] / least})
+    return {"blocks": max_blocks, "points": [{"peak": p, "compute": c} for p, c in front],
+            "size": len(front), "places": places}
+
+
+def optimum_facts(frame: pd.DataFrame, max_blocks: int) -> dict:
+    """The programme's answer: its trees for small N, its peak against the left-nested
+    chain's for every N, its compute against N^2."""
+    dp = frame[frame["strategy"] == OPTIMAL].set_index("blocks")
+    left = frame[frame["strategy"] == "left_nested"].set_index("blocks")
+    equal = [n for n in dp.index if dp.loc[n, "peak"] == left.loc[n, "peak"]]
+    peaks = sorted(set(dp.loc[2:, "peak"])) if max_blocks >= 2 else []
+    # the chain of N - 1 blocks, then one plain block
+    chained = [n for n in range(2, max_blocks + 1) if dp.loc[n, "tree"] == ckpt.notation(
+        (ckpt.left_nested(n - 1)[0], ckpt.BLOCK))]
+    top = dp.loc[max_blocks]
+    return {"trees": [{"blocks": n, "tree": dp.loc[n, "tree"], "peak": dp.loc[n, "peak"],
+                       "compute": dp.loc[n, "compute"]}
+                      for n in (1, 2, 3, 4, 8) if n <= max_blocks],
+            "equals_left_nested": len(equal), "count": len(dp),
+            "chain_then_plain": len(chained), "chain_then_plain_of": max(0, max_blocks - 1),
+            "differs_at": [n for n in dp.index if n not in equal],
+            "peak_values_from_2": peaks,
+            "peak": top["peak"], "compute": top["compute"],
+            "compute_over_n2": top["compute"] / max_blocks ** 2,
+            "left_nested_compute": left.loc[max_blocks, "compute"],
+            "compute_saved_vs_left_nested": 1 - top["compute"] / left.loc[max_blocks, "compute"]}
+
+
+def _plain_ticks(ax) -> None:
+    """Log axes labelled 1, 2, 4, ... instead of 10^0, 2 x 10^0, ..."""
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() == "log":
+            axis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
+        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(ticker.NullFormatter())
+
+
+def simulation_figure(frame: pd.DataFrame, front: dict, path: str) -> None:
+    """Peak and recomputed block forwards against N per strategy (log-log), and peak against
+    compute at the largest N with the programme's Pareto front."""
+    fig, axes = figures.subplots(3, width=4.6)
+    peak_ax, compute_ax, front_ax = axes[0]
+    for name in LABELS:
+        rows = frame[frame["strategy"] == name]
+        style = {"linestyle": "--", "color": "black"} if name == OPTIMAL else {}
+        peak_ax.plot(rows["blocks"], rows["peak"], label=LABELS[name], **style)
+        compute_ax.plot(rows["blocks"], rows["compute"] - rows["blocks"], label=LABELS[name],
+                        **style)
+    peak_ax.set(xscale="log", yscale="log", xlabel="blocks N", ylabel="peak (units)",
+                title="peak memory")
+    compute_ax.set(xscale="log", yscale="symlog", xlabel="blocks N",
+                   ylabel="recomputed block forwards", title="recomputation")
+    compute_ax.set_ylim(bottom=0)
+    peak_ax.legend(fontsize=7)
+    points = pd.DataFrame(front["points"]).sort_values("compute")
+    front_ax.step(points["compute"], points["peak"], where="post", color="black",
+                  label="Pareto front (programme)")
+    for place in front["places"]:
+        front_ax.scatter(place["compute"], place["peak"], label=place["label"], zorder=3)
+    front_ax.set(xscale="log", yscale="log", xlabel="block forwards",
+                 ylabel="peak (units)", title=f"N = {front['blocks']}: peak against compute")
+    front_ax.legend(fontsize=7)
+    for ax in (peak_ax, compute_ax, front_ax):
+        _plain_ticks(ax)
+    figures.save(fig, path)
+
+
+# --- (a) measured on real blocks -------------------------------------------------------------
+
+def nested_facts(paths: list[str]) -> tuple[pd.DataFrame, dict]:
+    """Measured against simulated, per strategy and N: peak (bytes and boundaries), the
+    offset between them, and block forward calls against the simulated compute."""
+    if not paths:
+        return pd.DataFrame(), {"measured": False, "status": "not configured", "reason": ""}
+    record = read_record(paths[0])
+    if record["status"] != "ok":
+        return pd.DataFrame(), {"measured": False, "status": record["status"],
+                                "reason": reason(record.get("message"))}
+    metrics, config = record["metrics"], record["config"]
+    units = metrics["units"]
+    s = units["boundary"]
+    frame = pd.DataFrame(metrics["rows"])
+    frame["label"] = frame["strategy"].map(LABELS)
+    frame["measured_boundaries"] = frame["peak_bytes"] / s
+    frame["simulated_boundaries"] = frame["simulated_peak_bytes"] / s
+    frame["offset_boundaries"] = frame["measured_boundaries"] - frame["simulated_boundaries"]
+    frame["calls_match"] = frame["block_calls"] == frame["simulated_compute"]
+    display = pd.DataFrame({
+        "strategy": frame["label"], "N": frame["blocks"],
+        "measured peak KiB": (frame["peak_bytes"] / 1024).map(lambda v: fmt(v, 0)),
+        "simulated KiB": (frame["simulated_peak_bytes"] / 1024).map(lambda v: fmt(v, 0)),
+        "measured − simulated (boundaries)": frame["offset_boundaries"].map(lambda v: fmt(v, 2)),
+        "block forwards": frame["block_calls"], "simulated": frame["simulated_compute"]})
+    spans = {}
+    for name, rows in frame.groupby("strategy"):
+        rows = rows.sort_values("blocks")
+        first, last = rows.iloc[0], rows.iloc[-1]
+        spans[name] = {"label": LABELS[name], "from_blocks": first["blocks"],
+                       "to_blocks": last["blocks"],
+                       "measured_growth": last["measured_boundaries"]
+                       - first["measured_boundaries"],
+                       "simulated_growth": last["simulated_boundaries"]
+                       - first["simulated_boundaries"]}
+    offsets = frame["offset_boundaries"]
+    return frame, {
+        "measured": True, "device": record["env"]["device"],
+        "peak_source": metrics["peak_source"], "size": config["size"],
+        "context_length": config["context_length"], "batch_size": config["batch_size"],
+        "blocks": config["blocks"], "boundary_bytes": s,
+        "activation_bytes": units["activations"], "ratio": units["activations"] / s,
+        "calls_match": bool(frame["calls_match"].all()), "rows": len(frame),
+        "offset_min": offsets.min(), "offset_max": offsets.max(),
+        "offset_spread": offsets.max() - offsets.min(),
+        "offset_spread_of_activations": (offsets.max() - offsets.min()) * s
+        / units["activations"],
+        "simulated_span": frame["simulated_boundaries"].max()
+        - frame["simulated_boundaries"].min(),
+        "growth": [spans[name] for name in LABELS if name in spans],
+        "table": to_markdown(display)}
+
+
+# --- (b) one level of recomputation at full size ---------------------------------------------
+
+def block_label(k) -> str:
+    return NONE if k is None or (isinstance(k, float) and math.isnan(k)) else str(int(k))
+
+
+def step_frame(paths: list[str]) -> pd.DataFrame:
+    """One row per block size, checkpointed sizes ascending, then none."""
+    frame = ensure_columns(records_frame(paths), [
+        "checkpoint_block_size", "message", "peak_gib", "start_gib", "above_start_gib",
+        "step_ms_mean", "step_ms_std", "forward_ms_mean", "backward_ms_mean", "peak_source",
+        "num_layers", "parameter_gradient_gib", "device_gib", "checkpoints"])
+    frame["block_size"] = frame["checkpoint_block_size"].map(block_label)
+    frame["order"] = frame["checkpoint_block_size"].fillna(math.inf)
+    return frame.sort_values("order").drop(columns="order").reset_index(drop=True)
+
+
+def prediction(frame: pd.DataFrame) -> dict | None:
+    """The simulator's peak of the blocks' activations for each block size of the run, in GiB,
+    with the units of `memory_model.block_residuals` for its configuration, and the size with
+    the least; None where that model does not apply (it models fp32 and plain attention)."""
+    if frame.empty:
+        return None
+    first = frame.iloc[0]
+    if first["precision"] != "fp32" or first["attention"] != "eager":
+        return None
+    spec = MODEL_SIZES[first["size"]]
+    batch, seq = int(first["batch_size"]), int(first["context_length"])
+    boundary = batch * seq * spec.d_model * 4
+    activations = sum(block_residuals(spec, batch, seq).values()) - boundary
+    n = spec.num_layers
+    gib = {}
+    for k in frame["checkpoint_block_size"]:
+        label = block_label(k)
+        tree = ckpt.no_checkpointing(n) if label == NONE else ckpt.one_level(n, int(k))
+        gib[label] = ckpt.simulate(tree, activations, boundary).peak / GIB
+    checkpointed = {label: v for label, v in gib.items() if label != NONE}
+    best = min(checkpointed, key=checkpointed.get) if checkpointed else None
+    unit, scale = ("GiB", 1.0) if max(gib.values()) >= 1 else ("MiB", 1024.0)
+    shown = {label: v * scale for label, v in gib.items()}
+    return {"gib": gib, "unit": unit, "best": best, "best_peak": shown.get(best),
+            "none_peak": shown.get(NONE),
+            "best_is_smallest": bool(checkpointed) and best == min(checkpointed, key=int),
+            "blocks": n, "activations": activations / GIB * scale,
+            "boundary": boundary / GIB * scale, "ratio": activations / boundary}
+
+
+def reference(ok: pd.DataFrame) -> pd.Series | None:
+    """The step times are compared with no checkpointing where it ran; else with the fastest
+    block size that ran."""
+    none = ok[ok["block_size"] == NONE]
+    if len(none):
+        return none.iloc[0]
+    return ok.sort_values("step_ms_mean").iloc[0] if len(ok) else None
+
+
+def neighbours(best: int, sizes: list[int], layers: int) -> dict:
+    """The sizes beside the best one: the next smaller and larger in the run (measured by
+    construction), and whether best - 1 and best + 1 themselves were; the sizes to add."""
+    smaller = [k for k in sizes if k < best]
+    larger = [k for k in sizes if k > best]
+    add = []
+    if best > 1 and best - 1 not in sizes:
+        add.append(best - 1)
+    if best < layers and best + 1 not in sizes:
+        add.append(best + 1)
+    return {"next_smaller": max(smaller) if smaller else None,
+            "next_larger": min(larger) if larger else None,
+            "smallest_possible": best == 1, "largest_possible": best >= layers,
+            "minus_one_measured": best - 1 in sizes, "plus_one_measured": best + 1 in sizes,
+            "add": add}
+
+
+def display_unit(frame: pd.DataFrame) -> tuple[str, float]:
+    """GiB, or MiB where every peak is under 1 GiB (smoke runs): the unit and its factor."""
+    peaks = frame["peak_gib"].dropna()
+    return ("GiB", 1.0) if len(peaks) == 0 or peaks.max() >= 1 else ("MiB", 1024.0)
+
+
+def step_facts(frame: pd.DataFrame, predicted: dict | None) -> dict:
+    """The table of (b), the best block size and its neighbours, what it saves against no
+    checkpointing and what it costs in time. Memory facts are in `unit`."""
+    ok = frame[frame["status"] == "ok"]
+    if ok.empty:
+        return {"any_ok": False}
+    unit, scale = display_unit(frame)
+    simulated = predicted["gib"] if predicted else None
+    ref = reference(ok)
+    ref_label = NONE if ref["block_size"] == NONE else f"k={ref['block_size']}"
+    rows, table = [], []
+    for _, r in frame.iterrows():
+        cmp = (speedup(r["step_ms_mean"], ref["step_ms_mean"], r["step_ms_std"],
+                       ref["step_ms_std"]) if r["status"] == "ok" else None)
+        sim = simulated.get(r["block_size"]) if simulated else None
+        rows.append({"block_size": r["block_size"], "status": r["status"],
+                     "peak": r["peak_gib"] * scale, "above_start": r["above_start_gib"] * scale,
+                     "step_ms": r["step_ms_mean"], "step_ms_std": r["step_ms_std"],
+                     "time_ratio": 1 / cmp["ratio"] if cmp else None,
+                     "within_spread": cmp["within_spread"] if cmp else None,
+                     "simulated": sim * scale if sim is not None else None})
+        ratio = fmt_ratio(1 / cmp["ratio"]) if cmp else ""
+        if cmp and cmp["within_spread"] and r["block_size"] != ref["block_size"]:
+            ratio += " (within spread)"
+        table.append({
+            "block size": r["block_size"], "status": r["status"],
+            f"peak {unit}": fmt(r["peak_gib"] * scale, 2),
+            f"at start {unit}": fmt(r["start_gib"] * scale, 2),
+            f"peak − start {unit}": fmt(r["above_start_gib"] * scale, 2),
+            **({f"simulated block activations {unit}": fmt(sim * scale, 2)
+                if sim is not None else ""} if simulated else {}),
+            "step ms": mean_pm_std(r["step_ms_mean"], r["step_ms_std"], 1),
+            f"step time / {ref_label}": ratio})
+    layers = int(ok["num_layers"].iloc[0])
+    sizes = sorted(int(k) for k in frame["checkpoint_block_size"].dropna())
+    none = frame[frame["block_size"] == NONE]
+    first = ok.iloc[0]
+    out = {"any_ok": True, "table": to_markdown(pd.DataFrame(table)), "rows": rows,
+           "unit": unit, "reference": ref_label, "reference_is_none": ref_label == NONE,
+           "num_layers": layers, "sizes": sizes, "peak_source": first["peak_source"],
+           "on_cuda": first["peak_source"] == PEAK_SOURCES["cuda"],
+           "device_gib": first["device_gib"],
+           "parameter_gradients": first["parameter_gradient_gib"] * scale,
+           "start": first["start_gib"] * scale,
+           "none_status": none["status"].iloc[0] if len(none) else "not run",
+           "oom": [r["block_size"] for _, r in frame.iterrows() if r["status"] == "oom"]}
+    compared = [r for r in rows
+                if r["time_ratio"] and r["block_size"] not in (NONE, ref["block_size"])]
+    out["time_ratio_min"] = min(r["time_ratio"] for r in compared) if compared else None
+    out["time_ratio_max"] = max(r["time_ratio"] for r in compared) if compared else None
+    out["compared"] = len(compared)
+    out["within"] = sum(1 for r in compared if r["within_spread"])
+    out["slower"] = sum(1 for r in compared if not r["within_spread"] and r["time_ratio"] > 1)
+    out["faster"] = sum(1 for r in compared if not r["within_spread"] and r["time_ratio"] < 1)
+    checkpointed = ok[ok["block_size"] != NONE]
+    if checkpointed.empty:
+        return {**out, "best": None}
+    best = checkpointed.sort_values(["peak_gib", "step_ms_mean"]).iloc[0]
+    k = int(best["checkpoint_block_size"])
+    by_size = {r["block_size"]: r for r in rows}
+    near = neighbours(k, sizes, layers)
+    cmp = speedup(best["step_ms_mean"], ref["step_ms_mean"], best["step_ms_std"],
+                  ref["step_ms_std"])
+    out["best"] = {**by_size[str(k)], "block_size": k, "time": cmp, **near,
+                   "next_smaller_row": by_size.get(str(near["next_smaller"])),
+                   "next_larger_row": by_size.get(str(near["next_larger"])),
+                   "is_reference": str(k) == str(ref["block_size"])}
+    out["saving"] = None
+    if len(none) and none["status"].iloc[0] == "ok":
+        n = none.iloc[0]
+        out["saving"] = {"amount": (n["peak_gib"] - best["peak_gib"]) * scale,
+                         "fraction": 1 - best["peak_gib"] / n["peak_gib"],
+                         "above_start_fraction": 1 - best["above_start_gib"]
+                         / n["above_start_gib"]}
+    out["prediction_agrees"] = bool(predicted) and predicted["best"] == str(k)
+    return out
+
+
+def step_figure(frame: pd.DataFrame, path: str) -> None:
+    """Memory per block size (bars: in use at the start, and the peak above it; a size that did
+    not run is marked) and step time (points with their spread)."""
+    unit, scale = display_unit(frame)
+    fig, axes = figures.subplots(1, width=6.5)
+    ax = axes[0][0]
+    if frame.empty:
+        ax.set_title("(no results)")
+        figures.save(fig, path)
+        return
+    labels = list(frame["block_size"])
+    start = frame["start_gib"].fillna(0) * scale
+    above = frame["above_start_gib"].fillna(0) * scale
+    ax.bar(labels, start, color="tab:gray", label="in use at the start")
+    bars = ax.bar(labels, above, bottom=start, color="tab:blue", label="peak above the start")
+    for bar, status in zip(bars, frame["status"]):
+        if status != "ok":
+            ax.annotate(status, (bar.get_x() + bar.get_width() / 2, 0), ha="center",
+                        va="bottom", color="tab:red")
+    ax.set(xlabel="checkpoint block size (blocks per checkpoint)", ylabel=f"peak {unit}")
+    twin = ax.twinx()
+    ok = frame[frame["status"] == "ok"]
+    twin.errorbar(ok["block_size"], ok["step_ms_mean"], yerr=ok["step_ms_std"],
+                  color="tab:orange", marker="o", linestyle="none", label="step time")
+    twin.set_ylabel("step ms")
+    twin.set_ylim(bottom=0)
+    ax.legend(loc="upper left", fontsize=8)
+    twin.legend(loc="upper right", fontsize=8)
+    figures.save(fig, path)
+
+
+# --- the section -----------------------------------------------------------------------------
+
+def left_out(frame: pd.DataFrame, assignment: dict) -> str:
+    """What of the defaults' configuration the run did not include."""
+    if frame.empty:
+        return ""
+    first = frame.iloc[0]
+    parts = []
+    missing = [block_label(k) for k in assignment["block_sizes"]
+               if block_label(k) not in set(frame["block_size"])]
+    if missing:
+        parts.append("block sizes " + ", ".join(missing))
+    for key, what in (("size", "size"), ("context_length", "context"), ("batch_size", "batch"),
+                      ("mode", "mode"), ("precision", "precision")):
+        if first[key] != assignment[key]:
+            parts.append(f"{what} {assignment[key]} (ran {first[key]})")
+    return ("not in this preset: " + "; ".join(parts)) if parts else ""
+
+
+def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:
+    """Records -> the simulation table and figure, the nested-strategy table, the step table
+    and figure, and the facts. options: simulation (max_blocks, brute_force_max_blocks,
+    activations, boundary) and assignment (the defaults' checkpointing block)."""
+    sim = options["simulation"]
+    units = (sim["activations"], sim["boundary"])
+    max_blocks = sim["max_blocks"]
+    frame, trees = simulation_frame(max_blocks, *units)
+    write_table(frame, outputs["simulation_table"])
+    growth = growth_facts(frame, trees, max_blocks, *units)
+    front = front_facts(max_blocks, *units, frame)
+    simulation_figure(frame, front, outputs["simulation_figure"])
+
+    nested, nested_summary = nested_facts(records.get("nested", []))
+    write_table(nested, outputs["nested_table"])
+
+    steps = step_frame(records["records"])
+    write_table(steps, outputs["step_table"])
+    step_figure(steps, outputs["step_figure"])
+    predicted = prediction(steps)
+    first = steps.iloc[0] if len(steps) else None
+
+    nested_rows = pd.DataFrame([{"status": read_record(p)["status"],
+                                 "message": read_record(p).get("message", "")}
+                                for p in records.get("nested", [])])
+    answered = pd.concat([steps[["status", "message"]], nested_rows], ignore_index=True)
+    return {
+        "env": env_summary(steps, *([records_frame(records["nested"])]
+                                    if records.get("nested") else [])),
+        "coverage": {"gradient_checkpointing": covered(
+            answered, anchor="gradient_checkpointing",
+            missing=left_out(steps, options["assignment"]))},
+        "simulation": {
+            "max_blocks": max_blocks, "activations": units[0], "boundary": units[1],
+            "fit_from": fit_range(max_blocks)[0],
+            "table": to_markdown(simulation_display(frame, max_blocks)),
+            "growth_table": to_markdown(growth_display(growth, max_blocks)),
+            "growth": growth, "optimum": optimum_facts(frame, max_blocks), "front": front,
+            "brute_force": brute_force_facts(sim["brute_force_max_blocks"], *units),
+            "figure": outputs["simulation_figure"]},
+        "nested": nested_summary,
+        "config": ({key: first[key] for key in ("size", "context_length", "batch_size",
+                                                  "mode", "precision", "attention",
+                                                  "warmup_steps", "measure_steps")}
+                   if first is not None else None),
+        "prediction": predicted,
+        "steps": {**step_facts(steps, predicted), "figure": outputs["step_figure"],
+                  "failures": not_ok(steps, ["block_size"])},
+    }

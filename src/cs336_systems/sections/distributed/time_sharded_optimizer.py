@@ -1,0 +1,147 @@
+"""optimizer_state_sharding (§4.7): memory and step time with and without ShardedOptimizer.
+
+    python -m cs336_systems.sections.distributed.time_sharded_optimizer --sharded --size xl \
+        --context-length 128 --batch-size 8 --world-size 2 --output r.json
+
+Data-parallel AdamW training of the LM (flat gradient all-reduce), with the optimizer either
+replicated (`--no-sharded`, torch.optim-style AdamW on every rank) or wrapped in
+ShardedOptimizer. Memory, on every rank (rank 0 gathers them into `memory_per_rank`, rank 0's
+own are also the flat metrics), as allocator peaks (`max_memory_allocated`, the peak reset at
+the start of each window) over three windows, and the allocation at their ends:
+
+    init         building the model and the optimizer        peak_gib_init, allocated_gib_after_init
+    before_step  forward, backward and the all-reduce, up to  peak_gib_before_step,
+                 directly before optimizer.step()             allocated_gib_before_step
+    step         optimizer.step() itself                      peak_gib_step, allocated_gib_after_step
+
+(the largest peak over the measured steps; AdamW creates its state in the first step, so the
+init window holds no optimizer state). Also a breakdown computed from the tensors themselves
+(parameters, gradients, this rank's optimizer state) and the phase times. On a CPU the
+allocator readings are absent (None) and the breakdown still holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from cs336_systems.distributed import (
+    ShardedOptimizer,
+    allreduce_gradients_flat,
+    broadcast_parameters,
+)
+from cs336_systems.distributed.launch import backend_for
+from cs336_systems.lm.loss import cross_entropy
+from cs336_systems.lm.model import MODEL_SIZES, build_model
+from cs336_systems.lm.optimizer import AdamW
+from cs336_systems.lm.step import random_batch
+from cs336_systems.measure.memory import (
+    GIB,
+    allocated_gib,
+    peak_gib,
+    reset_peak,
+    tensor_bytes,
+)
+from cs336_systems.measure.timing import time_phases
+from cs336_systems.pipeline.cli import (
+    add_common_arguments,
+    non_negative_int,
+    positive_int,
+)
+from cs336_systems.pipeline.torchrun import launch_or_work
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    inner = optimizer.local_optimizer if isinstance(optimizer, ShardedOptimizer) else optimizer
+    if inner is None:
+        return 0
+    return sum(tensor_bytes(state.values()) for state in inner.state.values())
+
+
+WINDOWS = ("init", "before_step", "step")
+
+
+def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:
+    reset_peak(device)
+    torch.manual_seed(config["seed"])
+    model = build_model(config["size"], config["context_length"], device=device)
+    broadcast_parameters(model)
+    if config["sharded"]:
+        optimizer = ShardedOptimizer(model.parameters(), AdamW, lr=1e-4)
+    else:
+        optimizer = AdamW(model.parameters(), lr=1e-4)
+    # per window: its peak and the allocation at its end, one reading per step
+    memory = {"peak_gib_init": [peak_gib(device)],
+              "allocated_gib_after_init": [allocated_gib(device)],
+              "peak_gib_before_step": [], "allocated_gib_before_step": [],
+              "peak_gib_step": [], "allocated_gib_after_step": []}
+
+    token_ids, targets = random_batch(config["batch_size"], config["context_length"], device,
+                                      config["seed"], rank, world_size)
+
+    def forward_backward():
+        reset_peak(device)
+        cross_entropy(model(token_ids), targets).backward()
+
+    def optimizer_step():
+        memory["peak_gib_before_step"].append(peak_gib(device))
+        memory["allocated_gib_before_step"].append(allocated_gib(device))
+        reset_peak(device)
+        optimizer.step()
+        memory["peak_gib_step"].append(peak_gib(device))
+        memory["allocated_gib_after_step"].append(allocated_gib(device))
+        optimizer.zero_grad(set_to_none=True)
+
+    phases = [("forward_backward", forward_backward),
+              ("communicate", lambda: allreduce_gradients_flat(model)),
+              ("optimizer", optimizer_step)]
+    times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"])
+    metrics = {k: v for k, v in times.metrics().items() if "warmup" not in k}
+
+    measured = config["measure_steps"]
+    readings = {}
+    for key, values in memory.items():
+        values = values if key.endswith("init") else values[-measured:]
+        # peaks: the largest of the measured steps; allocations: the last step's
+        readings[key] = (None if values[-1] is None
+                         else max(values) if key.startswith("peak") else values[-1])
+    readings["optimizer_state_gib"] = optimizer_state_bytes(optimizer) / GIB
+    per_rank = [None] * world_size
+    torch.distributed.all_gather_object(per_rank, readings)
+    metrics.update(readings)
+    metrics["memory_per_rank"] = per_rank
+    peaks = [readings[f"peak_gib_{window}"] for window in WINDOWS]
+    metrics["peak_gib"] = None if None in peaks else max(peaks)  # of the whole run
+    metrics["parameter_gib"] = tensor_bytes(model.parameters()) / GIB
+    metrics["gradient_gib"] = metrics["parameter_gib"]  # one fp32 gradient per parameter
+    metrics["optimizer_state_gib_per_rank"] = [r["optimizer_state_gib"] for r in per_rank]
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sharded", action=argparse.BooleanOptionalAction, required=True)
+    parser.add_argument("--size", default="xl", choices=list(MODEL_SIZES))
+    parser.add_argument("--context-length", type=positive_int, default=128)
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="global batch size")
+    parser.add_argument("--world-size", type=positive_int, default=2)
+    parser.add_argument("--warmup-steps", type=non_negative_int, default=2)
+    parser.add_argument("--measure-steps", type=positive_int, default=5)
+    add_common_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.batch_size % args.world_size:
+        parser.error(f"--batch-size {args.batch_size} does not split evenly over "
+                     f"--world-size {args.world_size}")
+    backend = backend_for(args.device)
+    config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
+    config["backend"] = backend
+    launch_or_work("cs336_systems.sections.distributed.time_sharded_optimizer", "sharded_optimizer", config,
+                   args.output, work, args.world_size, backend,
+                   sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""The flash section's speed table: one row per (target, shape) of `speed_targets.TARGETS`,
+from the records of `experiments/flash_speed.py` (one per group of targets).
+
+A row holds our value and, where the target has a reference, the reference's value measured
+in the same process, their ratio (ours / reference), the target, and `meets_target`. A row
+whose measurement did not end `ok` (out of memory, skipped, timed out, or a failed job) has no
+verdict: its status and reason say why. `within_spread` says whether the value is within the
+measured spread (the rounds' standard deviations) of the bound, where a verdict could flip
+from one run to the next.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cs336_systems.pipeline.records import read_record
+from cs336_systems.report.facts import reason, speedup
+from cs336_systems.report.render import fmt, fmt_ratio
+from cs336_systems.report.tables import to_markdown
+from cs336_systems.sections.flash.targets import TARGETS, UNITS_SHOWN, Target
+
+COLUMNS = ["target", "title", "shape", "dtype", "causal", "ours", "value", "value_std", "unit",
+           "reference", "reference_value", "reference_std", "ratio", "compared", "bound",
+           "target_text", "meets_target", "within_spread", "off_by", "stretch", "status",
+           "reason", "commit"]
+
+
+def _shape(shape) -> str:
+    return "x".join(map(str, shape)) if shape else ""
+
+
+def _measurements(record: dict) -> dict[tuple[str, tuple], dict]:
+    """(implementation key, shape) -> its measurement, in an `ok` record."""
+    return {(m["impl"], tuple(m["shape"])): m for m in record["metrics"].get("measurements", [])}
+
+
+def _base(target: Target, record: dict, shape) -> dict:
+    config = record["config"]
+    return {"target": target.key, "title": target.name, "shape": _shape(shape),
+            "dtype": config.get("dtype"), "causal": config.get("causal"),
+            "ours": target.ours.label, "unit": target.unit,
+            "reference": target.reference.label if target.reference else "",
+            "bound": target.bound, "target_text": target.describe(), "stretch": target.stretch,
+            "commit": record["env"].get("git")}
+
+
+def _not_ok(row: dict, status: str, why: str) -> dict:
+    return {**row, "status": status, "reason": why, "meets_target": None}
+
+
+def target_row(target: Target, record: dict, shape) -> dict:
+    """One target at one shape, from its group's record."""
+    row = _base(target, record, shape)
+    if record["status"] != "ok":
+        return _not_ok(row, record["status"], reason(record.get("message")))
+    found = _measurements(record)
+    ours = found[(target.ours.key, tuple(shape))]
+    reference = found[(target.reference.key, tuple(shape))] if target.reference else None
+    row.update(value=ours.get("value"), value_std=ours.get("std"))
+    if reference is not None:
+        row.update(reference_value=reference.get("value"), reference_std=reference.get("std"))
+    for label, m in ((target.ours.label, ours), (row["reference"], reference)):
+        if m is not None and m["status"] != "ok":
+            return _not_ok(row, m["status"], f"{label}: {reason(m.get('message'))}")
+    return {**row, **verdict(target, row), "status": "ok", "reason": ""}
+
+
+def verdict(target: Target, row: dict) -> dict:
+    """The compared value (the ratio where there is a reference), whether it meets the
+    target, how far it is from the bound, and whether the bound is inside the spread."""
+    value, reference = row["value"], row.get("reference_value")
+    if target.reference:
+        ratio = value / reference
+        threshold, threshold_std = target.bound * reference, _scaled(row["reference_std"],
+                                                                     target.bound)
+    else:
+        ratio, threshold, threshold_std = None, target.bound, 0.0
+    compared = ratio if target.reference else value
+    near = speedup(value, threshold, row["value_std"], threshold_std)
+    return {"ratio": ratio, "compared": compared, "meets_target": target.meets(compared),
+            "off_by": target.off_by(compared),
+            "within_spread": near["within_spread"] if near else None}
+
+
+def _scaled(std, factor: float):
+    return None if std is None else std * factor
+
+
+def speed_rows(record_paths: list[str]) -> list[dict]:
+    """Every target's rows, in the targets' order, shapes in their group's order; a group
+    without a record gives no rows (a preset that leaves it out)."""
+    records = {r["config"]["group"]: r for r in map(read_record, record_paths)}
+    rows = []
+    for target in TARGETS:
+        record = records.get(target.group)
+        if record is None:
+            continue
+        shapes = record["config"]["shapes"] or [None]
+        rows += [target_row(target, record, shape) for shape in shapes]
+    return rows
+
+
+def speed_table(record_paths: list[str]) -> pd.DataFrame:
+    return pd.DataFrame(speed_rows(record_paths), columns=COLUMNS)
+
+
+def shown(value, unit: str) -> str:
+    """A value as the table shows it: '0.82x', '6.120 ms', '48 s', '65536'."""
+    if value is None or pd.isna(value):
+        return ""
+    if unit == "x":
+        return fmt_ratio(value)
+    if unit == "ms":
+        return f"{fmt(value, 3)} ms"
+    if unit == "s":
+        return f"{fmt(value, 0)} s"
+    return f"{value:g}{UNITS_SHOWN[unit]}"
+
+
+def _pm(value, std, unit: str) -> str:
+    text = shown(value, unit)
+    return f"{text} ± {fmt(std, 3)}" if text and std is not None and pd.notna(std) else text
+
+
+def _time_unit(row: pd.Series) -> str:
+    """The unit of the measured values: a ratio target measures milliseconds."""
+    return "ms" if row["unit"] == "x" else row["unit"]
+
+
+def speed_display(table: pd.DataFrame) -> pd.DataFrame:
+    """The markdown table: measured values (± the rounds' standard deviation), the ratio and
+    the verdict, and whether the bound lies within the spread; a row that was not measured
+    shows its status."""
+    def yes_no(row, column):
+        value = row[column]
+        return "" if row["status"] != "ok" or value is None or pd.isna(value) else (
+            "true" if value else "false")
+    return pd.DataFrame({
+        "target": table["title"],
+        "shape": [f"{r['shape']} {r['dtype']}" if r["shape"] else ""
+                  for _, r in table.iterrows()],
+        "ours": [_pm(r["value"], r["value_std"], _time_unit(r)) for _, r in table.iterrows()],
+        "reference": table["reference"],
+        "reference (same process)": [_pm(r["reference_value"], r["reference_std"], "ms")
+                                     for _, r in table.iterrows()],
+        "ratio": [shown(r["ratio"], "x") for _, r in table.iterrows()],
+        "target value": table["target_text"],
+        "meets_target": [yes_no(r, "meets_target") for _, r in table.iterrows()],
+        "bound within spread": [yes_no(r, "within_spread") for _, r in table.iterrows()],
+        "status": table["status"],
+        "commit": table["commit"],
+    })
+
+
+def _unmet(row: pd.Series) -> dict:
+    return {"title": row["title"], "shape": row["shape"], "target": row["target_text"],
+            "shown": shown(row["compared"], row["unit"]), "off_by": row["off_by"],
+            "side": ("above" if row["compared"] > row["bound"]
+                     else "below" if row["compared"] < row["bound"] else "at"),
+            "within_spread": row["within_spread"], "stretch": bool(row["stretch"])}
+
+
+def speed_facts(table: pd.DataFrame, record_paths: list[str]) -> dict:
+    """The speed table's markdown and counts, each unmet target with how far it is, and each
+    row that was not measured with its reason."""
+    ok = table[table["status"] == "ok"]
+    rounds = sorted({read_record(p)["config"]["rounds"] for p in record_paths})
+    met = ok[ok["meets_target"] == True]  # noqa: E712 - object column of True/False/None
+    return {
+        "table": to_markdown(speed_display(table)) if len(table) else "",
+        "rows": len(table),
+        "measured": len(ok),
+        "unmeasured": len(table) - len(ok),
+        "met": len(met),
+        "all_met": bool(len(table)) and len(met) == len(table),
+        "rounds": rounds[0] if len(rounds) == 1 else None,
+        "unmet": [_unmet(r) for _, r in ok[ok["meets_target"] == False].iterrows()],  # noqa: E712
+        "not_measured": not_measured(table),
+    }
+
+
+def not_measured(table: pd.DataFrame) -> list[dict]:
+    """The rows that were not measured, grouped by status and reason: {status, reason, rows}."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for _, r in table[table["status"] != "ok"].iterrows():
+        where = f"{r['title']} at {r['shape']}" if r["shape"] else r["title"]
+        groups.setdefault((r["status"], r["reason"]), []).append(where)
+    return [{"status": status, "reason": why, "rows": rows}
+            for (status, why), rows in groups.items()]

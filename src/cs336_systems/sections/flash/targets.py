@@ -1,0 +1,208 @@
+"""The speed targets of our Triton FlashAttention-2, each defined once: what it measures, at
+which shapes, against what, and the bound it must meet.
+
+A target is measured by one job of its *group* (`GROUPS`): the group's job times our kernels
+and every reference its targets name in the same process, at the group's shapes. The shapes
+come from the config's `flash` block (the leaderboard case, the sweep's sequence lengths and
+head dimensions), filtered by what the target asks (sequences from 4096, say); the bounds and
+those filters are the targets' own and live here. The experiment
+(`experiments/flash_speed.py`) measures, the report (`report/flash_speed.py`) compares; both
+read this table.
+
+A target compares either a ratio, our time over a reference's measured beside it, or our
+value itself (a time, a sequence length, seconds of compilation) with its bound. The
+leaderboard's targets time ours and its references under torch.compile, as the leaderboard
+does; the others time the implementations as they are, beside plain PyTorch both as it is and
+compiled.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cs336_systems.lm.attention import attention_label, attention_modules
+
+OURS = "flash-triton"
+# The dtype of the targets on the sweep's shapes ("bf16, seq >= 4096, every d in the sweep").
+SWEEP_DTYPE = "bf16"
+# Forward alone is timed at the leaderboard's batch and length with these head dimensions.
+FORWARD_D_HEADS = (64, 128)
+# Sweep lengths from which our kernels are held against SDPA's flash backend, and against
+# plain PyTorch attention.
+SDPA_FLASH_FROM_SEQ = 4096
+PYTORCH_FROM_SEQ = 1024
+# Our forward+backward must run (no out-of-memory) up to this length.
+LONGEST_SEQ = 65536
+# The best 2025 class leaderboard entry (ms, on an H100): quoted, never measured here.
+CLASS_BEST_MS = 5.364
+
+OPERATORS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le, "<": operator.lt, ">=": operator.ge}
+SYMBOLS = {"<=": "≤", "<": "<", ">=": "≥"}
+
+
+@dataclass(frozen=True)
+class Impl:
+    """An attention implementation of the registry, run as it is or under torch.compile."""
+
+    name: str
+    compiled: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}+compile" if self.compiled else self.name
+
+    @property
+    def label(self) -> str:
+        return f"{attention_label(self.name)}{', compiled' if self.compiled else ''}"
+
+
+@dataclass(frozen=True)
+class Case:
+    """What a group's job measures: (batch, seq, d) shapes of q, k and v, a dtype, causal or not."""
+
+    shapes: tuple[tuple[int, int, int], ...]
+    dtype: str
+    causal: bool
+
+
+@dataclass(frozen=True)
+class Group:
+    """One job: `kind` says how it measures (`versus`: our time and the references' at each
+    shape, `longest`: the longest sequence our forward+backward runs, `cold_compile`: seconds to
+    the first compiled forward+backward from empty caches); `metric` is what it records."""
+
+    name: str
+    kind: str
+    metric: str
+    case: Callable[[dict], Case]
+
+
+@dataclass(frozen=True)
+class Target:
+    """`value` (ours, or ours / reference's where there is a reference) `op` `bound`."""
+
+    key: str
+    title: str
+    group: str
+    ours: Impl
+    op: str
+    bound: float
+    reference: Impl | None = None
+    stretch: bool = False
+
+    @property
+    def name(self) -> str:
+        """The title as tables show it, a stretch target marked."""
+        return f"{self.title} (stretch)" if self.stretch else self.title
+
+    def meets(self, value: float) -> bool:
+        return OPERATORS[self.op](value, self.bound)
+
+    @property
+    def unit(self) -> str:
+        return "x" if self.reference else UNITS[GROUPS[self.group].metric]
+
+    def describe(self) -> str:
+        """The target as a table shows it: '≤ 0.75x SDPA flash, compiled', '< 5.364 ms'."""
+        against = f" {self.reference.label}" if self.reference else ""
+        return f"{SYMBOLS[self.op]} {self.bound:g}{UNITS_SHOWN[self.unit]}{against}"
+
+    def off_by(self, value: float) -> float:
+        """How far `value` is from the bound, as a factor of at least 1 when the target is
+        missed: value / bound for an upper bound, bound / value for a lower one."""
+        return self.bound / value if self.op == ">=" else value / self.bound
+
+
+def _leaderboard(flash: dict) -> Case:
+    lb = flash["leaderboard"]
+    return Case(((lb["batch_size"], lb["seq"], lb["d"]),), lb["dtype"], causal=True)
+
+
+def _forward(flash: dict) -> Case:
+    lb = flash["leaderboard"]
+    return Case(tuple((lb["batch_size"], lb["seq"], d) for d in FORWARD_D_HEADS), lb["dtype"],
+                causal=True)
+
+
+def _sweep_from(min_seq: int) -> Callable[[dict], Case]:
+    def case(flash: dict) -> Case:
+        return Case(tuple((flash["batch_size"], seq, d) for seq in flash["seq_lengths"]
+                          if seq >= min_seq for d in flash["d_heads"]),
+                    SWEEP_DTYPE, flash["causal"])
+    return case
+
+
+def _longest(flash: dict) -> Case:
+    return Case(tuple((flash["batch_size"], LONGEST_SEQ, d) for d in flash["d_heads"]),
+                SWEEP_DTYPE, flash["causal"])
+
+
+UNITS = {"forward_backward_ms": "ms", "forward_ms": "ms", "longest_seq": "tokens",
+         "cold_compile_s": "s"}
+UNITS_SHOWN = {"x": "x", "ms": " ms", "s": " s", "tokens": ""}
+
+GROUPS: dict[str, Group] = {g.name: g for g in (
+    Group("leaderboard", "versus", "forward_backward_ms", _leaderboard),
+    Group("forward", "versus", "forward_ms", _forward),
+    Group("sdpa_flash_sweep", "versus", "forward_backward_ms", _sweep_from(SDPA_FLASH_FROM_SEQ)),
+    Group("pytorch_sweep", "versus", "forward_backward_ms", _sweep_from(PYTORCH_FROM_SEQ)),
+    Group("longest", "longest", "longest_seq", _longest),
+    Group("cold_compile", "cold_compile", "cold_compile_s", _leaderboard),
+)}
+
+TARGETS: tuple[Target, ...] = (
+    Target("leaderboard_vs_sdpa_flash", "leaderboard forward+backward", "leaderboard",
+           Impl(OURS, compiled=True), "<=", 0.75, Impl("sdpa-flash", compiled=True)),
+    Target("leaderboard_vs_class_best", "leaderboard forward+backward, against the best 2025 "
+           "class entry (H100, quoted)", "leaderboard", Impl(OURS, compiled=True), "<",
+           CLASS_BEST_MS),
+    Target("leaderboard_vs_sdpa_cudnn", "leaderboard forward+backward", "leaderboard",
+           Impl(OURS, compiled=True), "<=", 1.0, Impl("sdpa-cudnn", compiled=True),
+           stretch=True),
+    Target("forward_vs_sdpa_flash", "forward alone", "forward", Impl(OURS), "<=", 1.0,
+           Impl("sdpa-flash")),
+    Target("sweep_vs_sdpa_flash", f"forward+backward, seq ≥ {SDPA_FLASH_FROM_SEQ}",
+           "sdpa_flash_sweep", Impl(OURS), "<=", 1.25, Impl("sdpa-flash")),
+    Target("sweep_vs_eager", f"forward+backward, seq ≥ {PYTORCH_FROM_SEQ}", "pytorch_sweep",
+           Impl(OURS), "<", 1.0, Impl("eager")),
+    Target("sweep_vs_compiled", f"forward+backward, seq ≥ {PYTORCH_FROM_SEQ}", "pytorch_sweep",
+           Impl(OURS), "<", 1.0, Impl("eager", compiled=True)),
+    Target("no_oom", "longest sequence forward+backward runs", "longest", Impl(OURS), ">=",
+           LONGEST_SEQ),
+    Target("cold_compile", "leaderboard: autotuning and compilation from empty Triton and "
+           "Inductor caches", "cold_compile", Impl(OURS, compiled=True), "<=", 600),
+)
+
+
+def group_targets(group: str) -> list[Target]:
+    return [t for t in TARGETS if t.group == group]
+
+
+def group_impls(group: str) -> list[Impl]:
+    """Ours first, then each reference the group's targets name, once each, in order."""
+    impls: list[Impl] = []
+    for target in group_targets(group):
+        for impl in (target.ours, target.reference):
+            if impl is not None and impl not in impls:
+                impls.append(impl)
+    return impls
+
+
+def group_case(group: str, flash: dict) -> Case:
+    """The shapes, dtype and causal flag a group's job measures, from the config's `flash`."""
+    return GROUPS[group].case(flash)
+
+
+def group_args(group: str, flash: dict) -> dict:
+    """A group's job arguments (`experiments/flash_speed.py`) from the config's `flash`."""
+    case = group_case(group, flash)
+    return {"group": group, "shapes": ["x".join(map(str, shape)) for shape in case.shapes],
+            "dtype": case.dtype, "causal": case.causal, "rounds": flash["speed"]["rounds"]}
+
+
+def group_modules(group: str) -> list[str]:
+    """The kernel modules the group's implementations import lazily (its rule's sources)."""
+    return sorted({m for impl in group_impls(group) for m in attention_modules(impl.name)})

@@ -1,0 +1,9 @@
+"""Section 1.5 memory_profiling (a)-(e).
+
+The CUDA allocator's history over measured steps, its peaks beside the analytic model.
+
+    record_memory.py    one step's memory history, peaks and timeline (rule memory)
+    timeline_figure.py  the timeline's figure
+    report.py           records -> tables, figures, facts
+    template.md.j2      facts -> prose
+"""

@@ -1,0 +1,468 @@
+"""memory_profiling (assignment §1.5, parts (a) to (e)): peaks, timelines, the residual-stream
+activation and the largest allocations, from the memory records, with the analytic model
+(`memory_model`) beside every measured peak. Part (f) is the `residuals` section's.
+
+`build` is the section's report module entry (see `cs336_systems.sections`); the prose
+is in `templates/memory.md.j2`. Each record holds one configuration's peaks (the allocator's,
+allocated and reserved), the stage of the peak, the live bytes at the peak by category, the
+largest allocations with the source lines that made them and the count of residual-sized
+allocations; the compact timeline beside it (`<record>.timeline.json.gz`) is what the figures
+are drawn from, so they redraw without the heavy snapshot.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from cs336_systems.analysis.memory_model import analytic_peak, step_memory
+from cs336_systems.lm.model import MODEL_SIZES
+from cs336_systems.lm.precision import PRECISIONS
+from cs336_systems.lm.step import MODES
+from cs336_systems.measure.memory import GIB
+from cs336_systems.measure.memory_timeline import PREEXISTING, Timeline
+from cs336_systems.pipeline.records import read_record
+from cs336_systems.report import figures
+from cs336_systems.report.facts import covered, not_ok, reason
+from cs336_systems.report.tables import (
+    ensure_columns,
+    env_summary,
+    records_frame,
+    to_markdown,
+    write_table,
+)
+from cs336_systems.sections.memory import timeline_figure as plot
+
+CONFIG = ["size", "context_length", "mode", "precision"]
+SIZE_RANK = {name: i for i, name in enumerate(MODEL_SIZES)}
+MIB = 2**20
+SAME = 0.01     # bf16 and fp32 peaks within 1 % of each other: "barely changes"
+# The analytic model's stages, and the phases of a step (lm_step) they fall in: the end of the
+# forward is where backward starts (the logits' gradient is its first allocation).
+ANALYTIC_PHASES = {"forward": ("forward",), "end of forward": ("forward", "backward"),
+                   "optimizer step": ("optimizer",)}
+# The parts of the analytic model shaped like the parameters: fp32 under autocast too.
+PARAMETER_SHAPED = ("weights", "gradients", "optimizer state", "optimizer temporary")
+MODEL_PARTS = ("weights", "optimizer state", "gradients", "saved activations", "logits",
+               "optimizer temporary")
+
+
+def gib(nbytes) -> float:
+    return nbytes / GIB
+
+
+def gib_text(value: float) -> str:
+    """GiB for a table: two decimals, or three significant digits below 0.1 (tiny models)."""
+    return f"{value:.2f}" if abs(value) >= 0.1 or value == 0 else f"{value:.3g}"
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+def analytic(size: str, batch: int, context: int, mode: str) -> dict:
+    """The analytic model of one configuration (fp32): its parts and peak in GiB."""
+    parts = step_memory(size, batch, context, mode)
+    peak = analytic_peak(parts)
+    return {"parts_gib": {k: gib(v) for k, v in parts.items()}, "analytic_gib": gib(peak["bytes"]),
+            "analytic_stage": peak["stage"],
+            "analytic_resident_gib": gib(parts["weights"] + parts.get("optimizer state", 0)),
+            "parameter_shaped_gib": gib(sum(parts.get(k, 0) for k in PARAMETER_SHAPED))}
+
+
+def peak_frame(paths: list[str]) -> pd.DataFrame:
+    """One row per record: configuration, status, the measured peaks and the analytic model's,
+    and where the record's files are."""
+    frame = ensure_columns(records_frame(paths), [
+        "message", "peak_gib", "peak_reserved_gib", "trace_peak_gib", "start_gib",
+        "weights_gib", "peak_stage", "peak_step", "residual_allocations", "residual_bytes",
+        "parameters", "step_ms_mean", "step_ms_std", "timeline_file", "snapshot_file",
+        "html_file", "trace_full"])
+    frame["record"] = [str(p) for p in paths]
+    models = [analytic(r["size"], r["batch_size"], r["context_length"], r["mode"])
+              for _, r in frame.iterrows()]
+    for key in ("analytic_gib", "analytic_stage", "analytic_resident_gib",
+                "parameter_shaped_gib"):
+        frame[key] = [m[key] for m in models]
+    frame["size_rank"] = frame["size"].map(SIZE_RANK)
+    frame["mode_rank"] = frame["mode"].map(MODES.index)
+    frame["precision_rank"] = frame["precision"].map(list(PRECISIONS).index)
+    return (frame.sort_values(["size_rank", "mode_rank", "context_length", "precision_rank"])
+            .drop(columns=["size_rank", "mode_rank", "precision_rank"]).reset_index(drop=True))
+
+
+def sidecar(row, key: str) -> str | None:
+    """A file beside a record (its name is in the record), or None."""
+    name = row.get(key)
+    return str(Path(row["record"]).parent / name) if isinstance(name, str) and name else None
+
+
+def load_timeline(row) -> Timeline | None:
+    path = sidecar(row, "timeline_file")
+    return Timeline.load(path) if path and Path(path).is_file() else None
+
+
+def metrics_of(row) -> dict:
+    return read_record(row["record"])["metrics"]
+
+
+def status_text(row) -> str:
+    return "" if row["status"] == "ok" else row["status"]
+
+
+# --- (a) timelines ---------------------------------------------------------------------------
+
+def panel_title(row) -> str:
+    return f"{row['size']} ctx {row['context_length']}, {row['precision']}"
+
+
+def timeline_figure(rows: pd.DataFrame, timelines: dict[int, Timeline],
+                    palette: dict[str, str], title: str, path: str) -> None:
+    """One panel per (size, context) row and precision column; a panel for each configuration
+    without a timeline says why; the legend names the coloured source lines."""
+    keys = list(dict.fromkeys(zip(rows["size"], rows["context_length"]))) or [("", 0)]
+    precisions = list(dict.fromkeys(rows["precision"])) or ["fp32"]
+    drawn = [t for i, t in timelines.items() if i in rows.index]
+    sources = {t.sites[int(t.site[k])]["label"]: t.sites[int(t.site[k])]["source"]
+               for t in drawn for k in t.largest_indices()}
+    handles = plot.legend_handles(palette, sources, sources)
+    legend_height = 0.3 + 0.17 * -(-len(handles) // 2)       # inches: two columns of entries
+    fig = figures.plt.figure(figsize=(6.0 * len(precisions),
+                                      3.4 * len(keys) + legend_height + 0.4))
+    grid = fig.add_gridspec(len(keys) + 1, len(precisions),
+                            height_ratios=[3.4] * len(keys) + [legend_height])
+    for i, (size, context) in enumerate(keys):
+        for j, precision in enumerate(precisions):
+            ax = fig.add_subplot(grid[i, j])
+            match = rows[(rows["size"] == size) & (rows["context_length"] == context)
+                          & (rows["precision"] == precision)]
+            if match.empty:
+                plot.not_measured(ax, f"{size} ctx {context}, {precision}",
+                                  "not in this preset")
+                continue
+            row = match.iloc[0]
+            timeline = timelines.get(match.index[0])
+            if timeline is None:
+                why = reason(row["message"]) or "the timeline file is missing"
+                plot.not_measured(ax, panel_title(row), f"{row['status']}: {why}"
+                                  if row["status"] != "ok" else why)
+                continue
+            plot.draw(ax, timeline, palette, panel_title(row))
+    legend = fig.add_subplot(grid[len(keys), :])
+    legend.set_axis_off()
+    legend.legend(handles=handles, loc="upper center", ncol=2, fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    figures.save(fig, path)
+
+
+def stages(frame: pd.DataFrame) -> list[dict]:
+    """(a) The stage of each measured peak."""
+    ok = frame[frame["status"] == "ok"]
+    return [{"size": r["size"], "context_length": r["context_length"], "mode": r["mode"],
+             "precision": r["precision"],
+             "stage": "an unmarked phase" if pd.isna(r["peak_stage"]) else r["peak_stage"],
+             "step": None if pd.isna(r["peak_step"]) else int(r["peak_step"]),
+             "peak_gib": r["trace_peak_gib"]}
+            for _, r in ok.iterrows()]
+
+
+# --- (b), (c) peaks --------------------------------------------------------------------------
+
+def peak_cell(row, key: str) -> str:
+    return f"{row[key]:.2f}" if row["status"] == "ok" else status_text(row)
+
+
+def peak_table(frame: pd.DataFrame) -> str:
+    """Peak allocated (reserved) GiB per size, mode and context, each precision side by side,
+    with the analytic model's fp32 peak and stage."""
+    rows = []
+    for (size, mode, context), group in frame.groupby(["size", "mode", "context_length"],
+                                                      sort=False):
+        row = {"size": size, "mode": mode, "context": context}
+        for _, r in group.iterrows():
+            p = r["precision"]
+            row[f"{p} peak GiB (reserved)"] = (f"{r['peak_gib']:.2f} ({r['peak_reserved_gib']:.2f})"
+                                              if r["status"] == "ok" else status_text(r))
+            row[f"{p} peak in"] = r["peak_stage"] if r["status"] == "ok" else ""
+        first = group.iloc[0]
+        row["model fp32 GiB"] = f"{first['analytic_gib']:.2f}"
+        row["model peak at"] = first["analytic_stage"]
+        rows.append(row)
+    return to_markdown(pd.DataFrame(rows))
+
+
+def bf16_facts(frame: pd.DataFrame) -> dict:
+    """(c) bf16 against fp32, per mode and context where both ran: the peaks' ratio and the
+    difference, the stages, and what the analytic model keeps fp32 (the parameter-shaped
+    parts), with its share of the fp32 peak."""
+    ok = frame[frame["status"] == "ok"]
+    rows, modes = [], []
+    for (size, mode), group in ok.groupby(["size", "mode"], sort=False):
+        pairs = []
+        for context, g in group.groupby("context_length"):
+            by = {r["precision"]: r for _, r in g.iterrows()}
+            if not {"fp32", "bf16"} <= set(by):
+                continue
+            fp32, bf16 = by["fp32"], by["bf16"]
+            ratio = bf16["peak_gib"] / fp32["peak_gib"]
+            entry = {"size": size, "mode": mode, "context_length": int(context),
+                     "fp32_gib": fp32["peak_gib"], "bf16_gib": bf16["peak_gib"],
+                     "ratio": ratio, "delta_gib": bf16["peak_gib"] - fp32["peak_gib"],
+                     "word": change_word([ratio]),
+                     "stage_fp32": fp32["peak_stage"], "stage_bf16": bf16["peak_stage"],
+                     "fixed_gib": fp32["parameter_shaped_gib"],
+                     "fixed_share": fp32["parameter_shaped_gib"] / fp32["peak_gib"],
+                     "rest_fp32_gib": fp32["peak_gib"] - fp32["parameter_shaped_gib"],
+                     "rest_bf16_gib": bf16["peak_gib"] - fp32["parameter_shaped_gib"]}
+            pairs.append(entry)
+        if not pairs:
+            continue
+        rows += pairs
+        ratios = [p["ratio"] for p in pairs]
+        parts = [k for k in PARAMETER_SHAPED if k in step_memory(size, 1, 1, mode)]
+        modes.append({"size": size, "mode": mode, "count": len(pairs),
+                      "ratio_min": min(ratios), "ratio_max": max(ratios),
+                      "word": change_word(ratios), "fixed_parts": ", ".join(parts),
+                      "fixed_gib": pairs[0]["fixed_gib"],
+                      "fixed_share_min": min(p["fixed_share"] for p in pairs),
+                      "fixed_share_max": max(p["fixed_share"] for p in pairs),
+                      "bf16_weight_copies_gib": gib(group["parameters"].iloc[0] * 2)})
+    table = pd.DataFrame([{"size": r["size"], "mode": r["mode"], "context": r["context_length"],
+                           "fp32 GiB": r["fp32_gib"], "bf16 GiB": r["bf16_gib"],
+                           "bf16 / fp32": f"{r['ratio']:.3f}",
+                           "bf16 - fp32 GiB": f"{r['delta_gib']:+.2f}",
+                           "peak in (fp32 / bf16)": f"{r['stage_fp32']} / {r['stage_bf16']}",
+                           "fp32 parameter-shaped GiB (model)": r["fixed_gib"]}
+                          for r in rows])
+    return {"rows": rows, "modes": modes, "table": to_markdown(table), "same_within": SAME}
+
+
+def change_word(ratios: list[float]) -> str:
+    if all(abs(r - 1) <= SAME for r in ratios):
+        return "barely changes"
+    if all(r <= 1 + SAME for r in ratios):
+        return "lowers"
+    if all(r >= 1 - SAME for r in ratios):
+        return "raises"
+    return "changes, in both directions,"
+
+
+# --- the analytic model beside each peak -----------------------------------------------------
+
+def model_table(frame: pd.DataFrame) -> str:
+    """The analytic model's parts and peak (fp32) for every configured size, mode and context."""
+    rows = []
+    for (size, mode, context, batch), _ in frame.groupby(
+            ["size", "mode", "context_length", "batch_size"], sort=False):
+        model = analytic(size, batch, context, mode)
+        rows.append({"size": size, "mode": mode, "context": context,
+                     **{f"{part} GiB": gib_text(model["parts_gib"][part])
+                        if part in model["parts_gib"] else "" for part in MODEL_PARTS},
+                     "peak GiB": gib_text(model["analytic_gib"]),
+                     "peak at": model["analytic_stage"]})
+    return to_markdown(pd.DataFrame(rows))
+
+
+def comparisons(frame: pd.DataFrame) -> dict:
+    """Each measured peak against the model: the difference and its parts named from the data.
+
+    resident: memory in use before the measured steps against the model's weights and optimizer
+      state; rounding: the allocator's peak less the trace's (requested bytes); cache: reserved
+      less allocated; stage: whether the peak falls where the model puts it; live at the peak:
+      the two largest categories the trace made (not what was there before recording)."""
+    rows, entries = [], []
+    for _, r in frame[frame["status"] == "ok"].iterrows():
+        live = [c for c in metrics_of(r).get("live_at_peak", []) if c["category"] != PREEXISTING]
+        agrees = r["peak_stage"] in ANALYTIC_PHASES[r["analytic_stage"]]
+        entry = {"size": r["size"], "mode": r["mode"], "context_length": r["context_length"],
+                 "precision": r["precision"], "measured_gib": r["peak_gib"],
+                 "analytic_gib": r["analytic_gib"],
+                 "difference_gib": r["peak_gib"] - r["analytic_gib"],
+                 "ratio": r["peak_gib"] / r["analytic_gib"],
+                 "resident_difference_gib": r["start_gib"] - r["analytic_resident_gib"],
+                 "rounding_gib": r["peak_gib"] - r["trace_peak_gib"],
+                 "cache_gib": r["peak_reserved_gib"] - r["peak_gib"],
+                 "stage": r["peak_stage"], "analytic_stage": r["analytic_stage"],
+                 "stage_agrees": bool(agrees),
+                 "live_top": [{"category": c["category"], "gib": gib(c["bytes"])}
+                              for c in live[:2]]}
+        entries.append(entry)
+        rows.append({"size": r["size"], "mode": r["mode"], "context": r["context_length"],
+                     "precision": r["precision"], "measured GiB": f"{r['peak_gib']:.2f}",
+                     "model GiB": f"{r['analytic_gib']:.2f}",
+                     "measured - model": f"{entry['difference_gib']:+.2f}",
+                     "start - model resident": f"{entry['resident_difference_gib']:+.2f}",
+                     "allocator rounding": f"{entry['rounding_gib']:.3f}",
+                     "reserved - allocated": f"{entry['cache_gib']:.2f}",
+                     "peak in (measured / model)": f"{r['peak_stage']} / {r['analytic_stage']}",
+                     "largest live at the peak, made in the steps": "; ".join(
+                         f"{c['category']} {c['gib']:.2f}" for c in entry["live_top"])})
+    fp32 = [e for e in entries if e["precision"] == "fp32"]
+    return {"table": to_markdown(pd.DataFrame(rows)), "configs": entries,
+            "fp32_count": len(fp32),
+            "fp32_stage_agrees": sum(e["stage_agrees"] for e in fp32),
+            **{f"fp32_ratio_{stat}": (getattr(pd.Series([e["ratio"] for e in fp32]), stat)()
+                                      if fp32 else None) for stat in ("min", "max")},
+            "max_rounding_gib": max((e["rounding_gib"] for e in entries), default=None),
+            "max_cache_gib": max((e["cache_gib"] for e in entries), default=None)}
+
+
+# --- (d) the residual stream -----------------------------------------------------------------
+
+def residual_facts(frame: pd.DataFrame) -> dict:
+    """(d) One residual-stream activation (batch x context x d_model x 4 bytes) per size and
+    context, and how many allocations of that block size each measured step made."""
+    derived = []
+    for (size, context, batch), _ in frame.groupby(["size", "context_length", "batch_size"],
+                                                   sort=False):
+        d_model = MODEL_SIZES[size].d_model
+        nbytes = batch * context * d_model * 4
+        derived.append({"size": size, "context_length": context, "batch_size": batch,
+                        "d_model": d_model, "bytes": nbytes, "mib": nbytes / MIB})
+    rows, found = [], []
+    for _, r in frame[frame["status"] == "ok"].iterrows():
+        metrics = metrics_of(r)
+        per_step = metrics["residual_allocations"] / r["measure_steps"]
+        lines = metrics.get("residual_lines", [])
+        found.append({"size": r["size"], "context_length": r["context_length"],
+                      "mode": r["mode"], "precision": r["precision"],
+                      "count": metrics["residual_allocations"], "per_step": per_step,
+                      "top_line": lines[0]["label"] if lines else None})
+        rows.append({"size": r["size"], "context": r["context_length"], "mode": r["mode"],
+                     "precision": r["precision"], "MiB": metrics["residual_bytes"] / MIB,
+                     "allocations per step": f"{per_step:g}",
+                     "lines that made most of them (per step)": ", ".join(
+                         f"{x['label']} ({x['count'] / r['measure_steps']:g})"
+                         for x in lines[:3])})
+    return {"derived": derived, "found": found, "table": to_markdown(pd.DataFrame(rows)),
+            "any_found": any(f["count"] for f in found)}
+
+
+# --- (e) the largest allocations -------------------------------------------------------------
+
+def largest_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every record's largest allocations (top 10 % by size, by source line and size)."""
+    rows = []
+    for _, r in frame[frame["status"] == "ok"].iterrows():
+        for a in metrics_of(r).get("largest_allocations", []):
+            rows.append({**{k: r[k] for k in CONFIG}, "mib": a["bytes"] / MIB,
+                         "count": a["count"], "phases": ", ".join(a["phases"]),
+                         "label": a["label"], "function": a["function"],
+                         "source": a["source"], "category": a["category"]})
+    return pd.DataFrame(rows, columns=[*CONFIG, "mib", "count", "phases", "label", "function",
+                                       "source", "category"])
+
+
+def focus(frame: pd.DataFrame) -> list[dict]:
+    """Per size and mode, the longest context measured, fp32 where it ran: the tables' focus."""
+    ok = frame[frame["status"] == "ok"]
+    out = []
+    for (size, mode), group in ok.groupby(["size", "mode"], sort=False):
+        longest = group[group["context_length"] == group["context_length"].max()]
+        pick = longest[longest["precision"] == "fp32"]
+        row = (pick if len(pick) else longest).iloc[0]
+        out.append({k: row[k] for k in CONFIG})
+    return out
+
+
+def largest_facts(largest: pd.DataFrame, chosen: list[dict]) -> dict:
+    tables = []
+    for config in chosen:
+        rows = largest
+        for key in CONFIG:
+            rows = rows[rows[key] == config[key]]
+        shown = pd.DataFrame({"MiB": rows["mib"], "count": rows["count"],
+                              "made in": rows["phases"], "where": rows["label"],
+                              "function": rows["function"],
+                              "code": rows["source"].map(lambda s: f"`{s}`" if s else "")})
+        top = rows.iloc[0] if len(rows) else None
+        tables.append({**config, "table": to_markdown(shown),
+                       "top": None if top is None else {
+                           "mib": top["mib"], "count": int(top["count"]), "label": top["label"],
+                           "function": top["function"], "source": top["source"],
+                           "phases": top["phases"]}})
+    return {"tables": tables}
+
+
+# --- the section -----------------------------------------------------------------------------
+
+def left_out(frame: pd.DataFrame, assignment: dict) -> str:
+    missing = {"sizes": [s for s in assignment["sizes"] if s not in set(frame["size"])],
+               "contexts": [c for c in assignment["context_lengths"]
+                            if c not in set(frame["context_length"])],
+               "modes": [m for m in assignment["modes"] if m not in set(frame["mode"])],
+               "precisions": [p for p in assignment["precisions"]
+                              if p not in set(frame["precision"])]}
+    parts = [f"{what} {', '.join(map(str, v))}" for what, v in missing.items() if v]
+    return ("not in this preset: " + "; ".join(parts)) if parts else ""
+
+
+def files(frame: pd.DataFrame) -> list[dict]:
+    """The snapshot, torch's HTML and the compact timeline of each measured configuration."""
+    return [{**{k: r[k] for k in CONFIG}, "snapshot": sidecar(r, "snapshot_file"),
+             "html": sidecar(r, "html_file"), "timeline": sidecar(r, "timeline_file")}
+            for _, r in frame[frame["status"] == "ok"].iterrows()]
+
+
+def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:
+    """Records -> outputs["peak_table"] (one row per record, with the analytic model),
+    outputs["allocations_table"] (every record's largest allocations), one timeline figure
+    per mode (outputs["timeline_<mode>"], "-" as "_"), and the facts. options: assignment,
+    the memory part of the full matrix."""
+    frame = peak_frame(records["records"])
+    largest = largest_frame(frame)
+    write_table(frame, outputs["peak_table"])
+    write_table(largest, outputs["allocations_table"])
+    timelines = {i: t for i, r in frame.iterrows() if r["status"] == "ok"
+                 and (t := load_timeline(r)) is not None}
+    palette = plot.colours(timelines.values())
+    figure_paths = {}
+    for mode in MODES:
+        key = "timeline_" + mode.replace("-", "_")
+        if key not in outputs:
+            continue
+        rows = frame[frame["mode"] == mode]
+        batch = ", ".join(map(str, sorted(set(rows["batch_size"])))) or "?"
+        timeline_figure(rows, timelines, palette,
+                        f"active memory timeline: {mode}, batch {batch}", outputs[key])
+        figure_paths[mode] = outputs[key]
+    ok = frame[frame["status"] == "ok"]
+    chosen = focus(frame)
+    first = frame.iloc[0] if len(frame) else None
+    return {
+        "env": env_summary(frame),
+        "coverage": {"memory_profiling": covered(
+            frame, anchor="memory_profiling", missing=left_out(frame, options["assignment"]),
+            how="(f), one block's residuals and gradients, is answered in the residuals "
+                "section")},
+        "any_ok": bool(len(ok)),
+        "sizes": list(dict.fromkeys(frame["size"])),
+        "batch_size": None if first is None else first["batch_size"],
+        "warmup_steps": None if first is None else first["warmup_steps"],
+        "measure_steps": None if first is None else first["measure_steps"],
+        "max_entries": None if first is None else first["max_entries"],
+        "attention": None if first is None else first["attention"],
+        "figures": figure_paths,
+        "stages": stages(frame),
+        "peak_table": peak_table(frame),
+        "bf16": bf16_facts(frame),
+        "model_table": model_table(frame),
+        "comparison": comparisons(frame),
+        "residual": residual_facts(frame),
+        "largest": largest_facts(largest, chosen),
+        "files": files(frame),
+        "trace_full": [{k: r[k] for k in CONFIG} for _, r in ok.iterrows()
+                       if pd.notna(r["trace_full"]) and bool(r["trace_full"])],
+        "unmarked": [{k: r[k] for k in CONFIG} for _, r in ok.iterrows()
+                     if pd.isna(r["peak_stage"])],
+        "failures": failures(frame),
+    }
+
+
+def failures(frame: pd.DataFrame) -> list[dict]:
+    """The configurations not measured, grouped by status and reason."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for f in not_ok(frame, CONFIG):
+        name = f"{f['size']} ctx {f['context_length']} {f['mode']} {f['precision']}"
+        groups.setdefault((f["status"], f["reason"]), []).append(name)
+    return [{"status": status, "reason": why, "configs": names}
+            for (status, why), names in groups.items()]

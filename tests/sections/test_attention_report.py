@@ -1,0 +1,130 @@
+"""The attention section's report math, checked on the real H200 records of the reference run."""
+
+import json
+import statistics
+
+import numpy as np
+import pytest
+import yaml
+
+from cs336_systems.report.facts import jsonable
+from cs336_systems.report.render import render
+from cs336_systems.sections import Section
+from cs336_systems.sections.attention import report as attention
+from cs336_systems.sections.flash import report as flash
+from support.checkout import ROOT
+
+QUICK = ROOT / "docs/reference-run/results/quick"
+DEFAULTS = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]
+
+
+def _metrics(name):
+    return json.loads((QUICK / name).read_text())["metrics"]
+
+
+@pytest.fixture(scope="module")
+def facts(tmp_path_factory):
+    out = tmp_path_factory.mktemp("attention")
+    flash_table = out / "flash.csv"
+    flash.build({"records": sorted(map(str, (QUICK / "flash").glob("*.json"))),
+                 "leaderboard": sorted(map(str, (QUICK / "flash_leaderboard").glob("*.json"))),
+                 "speed": sorted(map(str, (QUICK / "flash_speed").glob("*.json")))},
+                {"assignment": DEFAULTS["flash"]},
+                {"table": str(flash_table), "leaderboard_table": str(out / "board.csv"),
+                 "speed_table": str(out / "speed.csv"),
+                 "latency_figure": str(out / "l.png"), "speedup_figure": str(out / "s.png")})
+    compiled = sorted(map(str, (QUICK / "torch_compile").glob("*.json")))
+    records = {"records": sorted(map(str, (QUICK / "attention").glob("*.json"))),
+               "compiled_model": compiled,
+               "vanilla_model": [p.replace("/torch_compile/", "/benchmark/") for p in compiled],
+               "flash_table": [str(flash_table)]}
+    outputs = {"table": str(out / "attention.csv"), "model_table": str(out / "model.csv"),
+               "memory_figure": str(out / "memory.png")}
+    built = attention.build(records, {"assignment": DEFAULTS["attention"]}, outputs)
+    return jsonable(built)
+
+
+def test_the_smallest_failing_configuration_and_its_count(facts):
+    a = facts["accounting"]
+    assert (a["d"], a["seq"], a["cap_gib"], a["pass"]) == (16, 16384, 24.0, "backward")
+    assert a["parts_gib"]["scores"] == pytest.approx(8 * 16384**2 * 4 / 2**30)  # 8 GiB
+    assert a["parts_gib"]["peak"] > a["cap_gib"]  # the count predicts the failure
+    check = a["check"]
+    ran = _metrics(f"attention/eager_d{check['d']}_seq{check['seq']}_cap24gib.json")
+    assert check["peak_measured_gib"] == pytest.approx(ran["peak_gib"])
+    assert check["before_backward_measured_gib"] == pytest.approx(
+        ran["memory_before_backward_gib"])
+
+
+def test_the_count_matches_the_measured_memory(facts):
+    """The count of eager attention's tensors against the allocator's readings, within what
+    the CUDA context's libraries hold besides (cuBLAS's workspace, tens of MiB)."""
+    check = facts["accounting"]["check"]
+    assert check["peak_model_gib"] == pytest.approx(check["peak_measured_gib"], abs=0.1)
+    assert check["before_backward_model_gib"] == pytest.approx(
+        check["before_backward_measured_gib"], abs=0.05)
+    for d in DEFAULTS["attention"]["d_heads"]:  # and at the longest sequence, uncapped
+        measured = _metrics(f"attention/eager_d{d}_seq16384_uncapped.json")["peak_gib"]
+        model = attention.eager_attention_bytes(8, 16384, d)["peak"] / 2**30
+        assert model == pytest.approx(measured, abs=0.1)
+
+
+def test_fragmentation_is_told_apart_from_need(facts):
+    by = {(o["variant"], o["d"]): o for o in facts["oom"]}
+    assert by[("compiled", 16)]["under_cap"] and by[("compiled", 16)]["pass"] == "forward"
+    assert not by[("eager", 16)]["under_cap"] and by[("eager", 16)]["pass"] == "backward"
+
+
+def test_the_exponent_is_a_fit_of_the_records(facts):
+    s = next(x for x in facts["scaling"] if x["d"] == 16)
+    seqs = [4096, 8192, 16384]
+    memory = [_metrics(f"attention/eager_d16_seq{q}_uncapped.json")["memory_before_backward_gib"]
+              for q in seqs]
+    assert s["exponent"] == pytest.approx(np.polyfit(np.log(seqs), np.log(memory), 1)[0])
+    assert 1.8 < s["exponent"] < 2.0
+
+
+def test_compiled_attention_speedup_is_the_median_of_the_ratios(facts):
+    ratios = []
+    for cap in ("uncapped",):  # each shape once: the capped runs repeat the same work
+        for d in DEFAULTS["attention"]["d_heads"]:
+            for seq in DEFAULTS["attention"]["seq_lengths"]:
+                path = QUICK / f"attention/compiled_d{d}_seq{seq}_{cap}.json"
+                eager = json.loads(path.with_name(path.name.replace("compiled", "eager"))
+                                   .read_text())
+                compiled = json.loads(path.read_text())
+                if eager["status"] == compiled["status"] == "ok":
+                    ratios.append(eager["metrics"]["forward_ms_mean"]
+                                  / compiled["metrics"]["forward_ms_mean"])
+    forward = facts["compile"]["forward"]
+    assert forward["shapes"] == len(ratios) == 20
+    assert forward["median"]["ratio"] == pytest.approx(statistics.median(ratios))
+    assert forward["faster"] == sum(r > 1 for r in ratios)
+
+
+def test_the_whole_model_comparison_uses_the_same_job_matrix(facts):
+    row = next(m for m in facts["model_compile"] if (m["size"], m["mode"]) == ("2.7b", "train-step"))
+    compiled = _metrics("torch_compile/2.7b_ctx512_train-step_fp32_warmup5.json")
+    vanilla = _metrics("benchmark/2.7b_ctx512_train-step_fp32_warmup5.json")
+    assert row["speedup"]["ratio"] == pytest.approx(vanilla["step_ms_mean"]
+                                                    / compiled["step_ms_mean"])
+    assert row["compile_ms"] == pytest.approx(
+        compiled["step_warmup_ms_samples"][0] - compiled["step_ms_median"]
+        - (vanilla["step_warmup_ms_samples"][0] - vanilla["step_ms_median"]))
+
+
+def test_flash_memory_comes_from_the_flash_records(facts):
+    row = next(r for r in facts["flash_memory"]["rows"] if (r["d"], r["dtype"]) == (64, "bf16"))
+    ours = _metrics("flash/flash-triton_seq16384_d64_bf16.json")["peak_gib"]
+    eager = _metrics("flash/eager_seq16384_d64_bf16.json")["peak_gib"]
+    baseline = _metrics("flash/flash-triton_seq256_d64_bf16.json")["peak_gib"]
+    assert row["baseline_gib"] == pytest.approx(baseline)
+    assert row["eager_over_flash"] == pytest.approx((eager - baseline) / (ours - baseline))
+
+
+def test_coverage_and_rendering(facts, tmp_path):
+    assert facts["coverage"]["pytorch_attention"]["status"] == "answered"  # an oom is a result
+    assert facts["coverage"]["torch_compile"]["note"].startswith("whole model: sizes medium")
+    text = " ".join(render(Section("attention").template, facts, link_base=tmp_path).split())
+    assert "The smallest configuration that ran out of memory is d 16, seq 16384" in text
+    assert '<a id="pytorch_attention"></a>' in text and '<a id="torch_compile"></a>' in text

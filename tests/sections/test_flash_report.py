@@ -1,0 +1,303 @@
+"""The flash section's report math, on the reference GPU run's records and on synthetic ones:
+every fact is recomputed here from the JSON records, independently of the report module."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from cs336_systems.report.facts import jsonable, read_facts, write_facts
+from cs336_systems.report.render import fmt, fmt_ratio, render
+from cs336_systems.sections import Section
+from cs336_systems.sections.flash import report as flash
+from support.checkout import ROOT
+
+REFERENCE = ROOT / "docs/reference-run/results/quick"
+# The assignment's matrix, as the flash_tables rule passes it: the config's defaults.
+ASSIGNMENT = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["flash"]
+FLASH_RECORDS = sorted(str(p) for p in (REFERENCE / "flash").glob("*.json"))
+BOARD_RECORDS = sorted(str(p) for p in (REFERENCE / "flash_leaderboard").glob("*.json"))
+CPU_ENV = {"device": "cpu", "gpu": None, "torch": "2.x", "triton": None, "git": "abc"}
+
+
+def _outputs(tmp_path: Path) -> dict[str, str]:
+    return {"table": str(tmp_path / "tables/flash.csv"),
+            "leaderboard_table": str(tmp_path / "tables/flash_leaderboard.csv"),
+            "speed_table": str(tmp_path / "tables/flash_speed.csv"),
+            "latency_figure": str(tmp_path / "figures/flash_latency_vs_seq.png"),
+            "speedup_figure": str(tmp_path / "figures/flash_speedup.png")}
+
+
+def _build(tmp_path: Path, records: list[str], board: list[str],
+           assignment: dict = ASSIGNMENT, speed: list[str] = ()) -> dict:
+    """build(), then its facts through JSON as the pipeline stores them."""
+    facts = flash.build({"records": records, "leaderboard": board, "speed": list(speed)},
+                        {"assignment": assignment}, _outputs(tmp_path))
+    write_facts(tmp_path / "flash.json", facts)
+    return read_facts(tmp_path / "flash.json")
+
+
+def _records(paths: list[str]) -> list[dict]:
+    return [json.loads(Path(p).read_text()) for p in paths]
+
+
+def _times(records: list[dict], impl: str, metric: str) -> dict[tuple, float]:
+    """(d, dtype, seq) -> metric of `impl`, for the records that have it."""
+    return {(r["config"]["d"], r["config"]["dtype"], r["config"]["seq"]): r["metrics"][metric]
+            for r in records if r["config"]["impl"] == impl and metric in r["metrics"]}
+
+
+def _ratios(records: list[dict], over: str, metric: str = "forward_backward_ms") -> dict:
+    ours, theirs = _times(records, "flash-triton", metric), _times(records, over, metric)
+    return {shape: theirs[shape] / ours[shape] for shape in ours.keys() & theirs.keys()}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[dict, Path]:
+    assert len(FLASH_RECORDS) == 48 and len(BOARD_RECORDS) == 2
+    tmp_path = tmp_path_factory.mktemp("flash")
+    return _build(tmp_path, FLASH_RECORDS, BOARD_RECORDS), tmp_path
+
+
+@pytest.mark.parametrize("over", ["eager", "sdpa"])
+def test_speedup_summary_matches_per_shape_ratios(reference, over):
+    facts, _ = reference
+    ratios = _ratios(_records(FLASH_RECORDS), over)
+    s = facts["speedup_over"][over]
+    assert s["shapes"] == len(ratios) == 16
+    assert s["median"] == pytest.approx(statistics.median(ratios.values()), rel=1e-12)
+    lo, hi = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
+    assert s["min"] == pytest.approx(ratios[lo]) and s["max"] == pytest.approx(ratios[hi])
+    assert (s["min_at"]["d"], s["min_at"]["dtype"], s["min_at"]["seq"]) == lo
+    assert (s["max_at"]["d"], s["max_at"]["dtype"], s["max_at"]["seq"]) == hi
+    assert s["faster_shapes"] == sum(r > 1 for r in ratios.values())
+    median = statistics.median(ratios.values())
+    assert s["median_verdict"]["word"] == ("faster" if median > 1 else "slower")
+    assert s["median_verdict"]["factor"] == pytest.approx(max(median, 1 / median))
+
+
+def test_pass_medians_match_records(reference):
+    facts, _ = reference
+    records = _records(FLASH_RECORDS)
+    for over in ("eager", "sdpa"):
+        for p in ("forward", "backward", "forward_backward"):
+            expected = statistics.median(_ratios(records, over, f"{p}_ms").values())
+            assert facts["pass_speedups"][over]["medians"][p] == pytest.approx(expected)
+
+
+def test_counts_and_run_facts(reference):
+    facts, _ = reference
+    records = _records(FLASH_RECORDS)
+    assert facts["configurations"] == 48 and facts["shapes"] == 16
+    assert facts["batch_size"] == 1 and facts["causal"] is True and facts["do_bench"] is True
+    assert facts["flash_interpreted"] is False
+    assert facts["implementations"] == ["Triton FA2", "torch SDPA", "plain PyTorch"]
+    fb = [r["metrics"]["forward_backward_ms"] for r in records]
+    assert facts["launch_bound"] == {"threshold_ms": 0.2, "of": len(fb),
+                                     "count": sum(t < 0.2 for t in fb)}
+    assert facts["oom"] == [] and facts["skipped"]["count"] == facts["errors"]["count"] == 0
+    assert facts["env"]["gpu"] == ["NVIDIA H200"]
+
+
+def test_leaderboard_facts_match_the_two_records(reference):
+    facts, _ = reference
+    by_impl = {r["config"]["impl"]: r["metrics"]["forward_backward_ms"]
+               for r in _records(BOARD_RECORDS)}
+    board = facts["leaderboard"]
+    assert board["triton_ms"] == by_impl["flash-triton"] and board["sdpa_ms"] == by_impl["sdpa"]
+    ratio = by_impl["sdpa"] / by_impl["flash-triton"]
+    assert board["vs_sdpa"]["ratio"] == pytest.approx(ratio)
+    assert board["vs_sdpa"]["word"] == ("faster" if ratio > 1 else "slower")
+    assert board["vs_sdpa"]["within_spread"] is None  # medians only: no significance claimed
+    assert board["is_assignment_shape"] is True
+    assert board["shape"] == {"batch_size": 16, "seq": 16384, "d": 64, "dtype": "bf16",
+                              "causal": True, "compile": True}
+    assert board["class_best_ms"] == 5.364
+    assert board["vs_class_best"]["ratio"] == pytest.approx(5.364 / by_impl["flash-triton"])
+    assert board["not_ok"] == []
+
+
+def test_coverage_of_the_reference_run(reference):
+    facts, _ = reference
+    cov = facts["coverage"]
+    assert set(cov) == {"weighted_sum", "flash_forward", "flash_backward",
+                        "flash_benchmarking", "leaderboard (2025)"}
+    for key in ("weighted_sum", "flash_forward", "flash_backward"):
+        # answered by code and tests, and the note says so: no record claims them
+        assert cov[key]["status"] == "answered" and cov[key]["anchor"] == key
+        assert "tests/kernels/test_flash_kernels.py" in cov[key]["note"]
+        assert "not by a job of this pipeline" in cov[key]["note"]
+    # the quick preset runs part of the assignment's sweep (config.yaml's defaults)
+    records = _records(FLASH_RECORDS)
+    absent = {key: [v for v in ASSIGNMENT[plural] if v not in {r["config"][key] for r in records}]
+              for key, plural in (("seq", "seq_lengths"), ("d", "d_heads"))}
+    assert absent["seq"] and absent["d"]
+    assert cov["flash_benchmarking"]["status"] == "partly answered"
+    for key, values in absent.items():
+        assert f"{key} {', '.join(map(str, values))}" in cov["flash_benchmarking"]["note"]
+    assert "dtype" not in cov["flash_benchmarking"]["note"]
+    assert cov["leaderboard (2025)"]["status"] == "answered"
+
+
+def test_tables_and_figures_are_written(reference):
+    facts, tmp_path = reference
+    outputs = _outputs(tmp_path)
+    table = pd.read_csv(outputs["table"])
+    assert len(table) == 48 and set(table["impl"]) == {"flash-triton", "sdpa", "eager"}
+    assert len(pd.read_csv(outputs["leaderboard_table"])) == 2
+    for key in ("latency_figure", "speedup_figure"):
+        assert Path(outputs[key]).stat().st_size > 0 and facts[key] == outputs[key]
+    assert json.dumps(jsonable(facts), allow_nan=False)
+
+
+def test_template_renders_the_facts(reference):
+    facts, tmp_path = reference
+    text = render(Section("flash").template, facts, link_base=tmp_path)
+    assert text.startswith("## 4 FlashAttention-2")
+    for anchor in ("weighted_sum", "flash_forward", "flash_backward", "flash_benchmarking",
+                   "leaderboard_2025"):
+        assert f'<a id="{anchor}"></a>' in text
+    eager, sdpa = facts["speedup_over"]["eager"], facts["speedup_over"]["sdpa"]
+    board = facts["leaderboard"]
+    for number in (fmt_ratio(eager["median"]), fmt_ratio(eager["min"]), fmt_ratio(eager["max"]),
+                   fmt_ratio(sdpa["median"]), fmt(board["triton_ms"], 3),
+                   fmt(board["sdpa_ms"], 3), fmt_ratio(board["vs_sdpa"]["factor"]),
+                   fmt_ratio(board["vs_class_best"]["factor"]), "5.364"):
+        assert number in text, number
+    assert f"{fmt_ratio(board['vs_sdpa']['factor'])} {board['vs_sdpa']['word']} than" in text
+    assert "quoted from" in text and "no spread recorded" in text
+    if facts["launch_bound"]["count"]:
+        words = " ".join(text.split())  # the template wraps its lines
+        assert "That threshold is a rule of thumb" in words
+        assert "Python overhead are a large share of the time" in words
+    assert "(figures/flash_latency_vs_seq.png)" in text and "(figures/flash_speedup.png)" in text
+    assert "| plain PyTorch ms" in facts["latency_table"] and facts["latency_table"] in text
+
+
+# --- synthetic records -------------------------------------------------------------------------
+
+def _write(tmp_path: Path, impl: str, seq: int, status: str = "ok", metrics=None,
+           message: str = "", d: int = 16, dtype: str = "fp32", folder: str = "flash",
+           **config) -> str:
+    record = {"section": "flash", "status": status, "metrics": metrics or {}, "env": CPU_ENV,
+              "config": {"impl": impl, "seq": seq, "d": d, "dtype": dtype, "batch_size": 1,
+                         "causal": True, "compile": False, "seed": 0, **config}}
+    if message:
+        record["message"] = message
+    path = tmp_path / folder / f"{impl}_seq{seq}_d{d}_{dtype}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+    return str(path)
+
+
+def _timed(fwd: float, bwd: float) -> dict:
+    return {"forward_ms": fwd, "backward_ms": bwd, "forward_backward_ms": fwd + bwd}
+
+
+SKIP_REASON = "Triton's CPU interpreter cannot run bf16 tl.dot"
+
+
+def test_skipped_and_oom_configurations(tmp_path):
+    records = [
+        _write(tmp_path, "flash-triton", 16, metrics=_timed(1.0, 2.0)),
+        _write(tmp_path, "eager", 16, metrics=_timed(2.0, 4.0)),
+        _write(tmp_path, "flash-triton", 32, metrics=_timed(1.0, 1.0)),
+        _write(tmp_path, "eager", 32, metrics={"forward_ms": 3.0, "backward_status": "oom",
+                                               "forward_backward_status": "oom"}),
+        _write(tmp_path, "eager", 64, status="oom", message="CUDA out of memory"),
+        _write(tmp_path, "flash-triton", 16, dtype="bf16", status="skipped",
+               message=SKIP_REASON),
+        _write(tmp_path, "sdpa", 16, status="error",
+               message="Traceback (most recent call last):\n  ...\nZeroDivisionError: boom"),
+    ]
+    board = [_write(tmp_path, "flash-triton", 32, folder="board", status="skipped",
+                    message=SKIP_REASON, compile=True),
+             _write(tmp_path, "sdpa", 32, folder="board", compile=True,
+                    metrics={"forward_ms": 1.5, "backward_status": "oom",
+                             "forward_backward_status": "oom"})]
+    facts = _build(tmp_path, records, board)
+
+    cov = facts["coverage"]["flash_benchmarking"]
+    assert cov["status"] == "partly answered"
+    assert "1 of 7 configurations skipped" in cov["note"] and SKIP_REASON in cov["note"]
+    assert "1 of 7 configurations error" in cov["note"]
+    # one entry skipped, one with a forward time and its other passes out of memory
+    board_cov = facts["coverage"]["leaderboard (2025)"]
+    assert board_cov["status"] == "partly answered"
+    assert "not the assignment's case" in board_cov["note"]
+    assert f"1 of 2 configurations skipped ({SKIP_REASON})" in board_cov["note"]
+    assert facts["skipped"] == {"count": 1, "reasons": [SKIP_REASON]}
+    assert facts["errors"] == {"count": 1, "reasons": ["ZeroDivisionError: boom"]}
+    # eager d 16 fp32 ran out of memory from seq 32 (two passes there, the whole run at 64)
+    assert facts["oom"] == [{"impl": "eager", "label": "plain PyTorch", "d": 16, "dtype": "fp32",
+                             "from_seq": 32, "configurations": 2,
+                             "passes": ["forward", "backward", "forward_backward"]}]
+    # forward+backward exists for both at seq 16 only: 6 / 3; forward at 16 and 32: 2/1, 3/1
+    assert facts["speedup_over"]["eager"]["shapes"] == 1
+    assert facts["speedup_over"]["eager"]["median"] == pytest.approx(2.0)
+    assert facts["pass_speedups"]["eager"]["medians"]["forward"] == pytest.approx(2.5)
+    assert facts["speedup_over"]["sdpa"] is None
+    assert facts["do_bench"] is False and facts["flash_interpreted"] is True
+    board_facts = facts["leaderboard"]
+    assert board_facts["triton_ms"] is None and board_facts["vs_class_best"] is None
+    assert board_facts["is_assignment_shape"] is False
+    assert board_facts["not_ok"] == [{"impl": "flash-triton", "label": "Triton FA2",
+                                      "status": "skipped", "reason": SKIP_REASON}]
+
+    text = render(Section("flash").template, facts, link_base=tmp_path)
+    assert f"1 of 7 configurations skipped:\n  {SKIP_REASON}." in text
+    assert "wall-clock medians" in text and "do_bench` medians" not in text
+    assert "Triton's interpreter" in text
+    assert "plain PyTorch (d 16, fp32) from seq 32\n  (forward, backward, forward+backward)" in text
+    assert "not compared with the class's entries" in text
+    assert f"Triton FA2: skipped ({SKIP_REASON})." in text
+    # a leaderboard pass that ran out of memory shows oom, as in the main table
+    sdpa_row = next(line for line in board_facts["table"].splitlines() if "torch SDPA" in line)
+    assert [c.strip() for c in sdpa_row.strip("|").split("|")] == [
+        "torch SDPA", "ok", "1.500", "oom", "oom", ""]
+
+
+def test_the_assignment_matrix_comes_from_the_options(tmp_path):
+    """What the preset leaves out is measured against options["assignment"], nothing typed
+    into the module: a matrix the records cover leaves nothing out."""
+    records = [_write(tmp_path, impl, 16, metrics=_timed(1.0, 2.0))
+               for impl in ("flash-triton", "eager")]
+    board = [_write(tmp_path, "flash-triton", 16, folder="board", compile=True,
+                    metrics=_timed(1.0, 2.0))]
+    matrix = {**ASSIGNMENT, "implementations": ["flash-triton", "eager"], "seq_lengths": [16],
+              "d_heads": [16], "dtypes": ["fp32"],
+              "leaderboard": {"implementations": ["flash-triton"], "batch_size": 1, "seq": 16,
+                              "d": 16, "dtype": "fp32"}}
+    facts = _build(tmp_path, records, board, matrix)
+    assert facts["coverage"]["flash_benchmarking"] == {
+        "status": "answered", "note": "", "anchor": "flash_benchmarking"}
+    assert facts["coverage"]["leaderboard (2025)"]["status"] == "answered"
+    assert facts["leaderboard"]["is_assignment_shape"] is True
+    assert facts["leaderboard"]["assignment_shape"] == {"batch_size": 1, "seq": 16, "d": 16,
+                                                        "dtype": "fp32"}
+    # against the config's own matrix the same records leave most of it out
+    facts = _build(tmp_path, records, board)
+    note = facts["coverage"]["flash_benchmarking"]["note"]
+    assert "seq " + ", ".join(map(str, ASSIGNMENT["seq_lengths"])) in note
+    assert "no torch SDPA rows" in note
+    assert facts["leaderboard"]["is_assignment_shape"] is False
+    assert "no torch SDPA entry" in facts["coverage"]["leaderboard (2025)"]["note"]
+
+
+def test_everything_skipped(tmp_path):
+    records = [_write(tmp_path, "flash-triton", 16, status="skipped", message=SKIP_REASON),
+               _write(tmp_path, "eager", 16, status="skipped", message="no CUDA device")]
+    facts = _build(tmp_path, records, [])
+    cov = facts["coverage"]["flash_benchmarking"]
+    assert cov["status"] == "skipped"
+    assert cov["note"] == "; ".join(sorted([SKIP_REASON, "no CUDA device"]))
+    assert facts["coverage"]["leaderboard (2025)"]["status"] == "skipped"
+    assert facts["speedup_over"] == {"eager": None, "sdpa": None}
+    assert facts["launch_bound"]["of"] == 0
+    text = render(Section("flash").template, facts, link_base=tmp_path)
+    assert "2 of 2 configurations skipped" in text and "no leaderboard records" in text

@@ -1,0 +1,487 @@
+"""The speed targets: the table of targets, the job's measurements on the CPU (its skip, its
+interleaved rounds, an out-of-memory that ends one measurement only), the speed table and its
+verdicts from synthetic records, and the flash table's TFLOP/s and commits."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from cs336_systems.pipeline.config import merged_presets
+from cs336_systems.report.facts import read_facts, write_facts
+from cs336_systems.report.render import render
+from cs336_systems.sections import Section
+from cs336_systems.sections.flash import report as flash
+from cs336_systems.sections.flash import speed_table as speed_report
+from cs336_systems.sections.flash import time_targets as flash_speed
+from cs336_systems.sections.flash.targets import (
+    CLASS_BEST_MS,
+    GROUPS,
+    LONGEST_SEQ,
+    TARGETS,
+    Impl,
+    group_args,
+    group_case,
+    group_impls,
+)
+from support.checkout import ROOT, copy_checkout, stale_jobs
+
+CONFIG = yaml.safe_load((ROOT / "config.yaml").read_text())
+PRESETS = merged_presets(CONFIG)
+CPU = torch.device("cpu")
+
+
+# --- the targets ---------------------------------------------------------------------------
+
+def test_every_group_has_targets_and_every_target_a_group():
+    assert {t.group for t in TARGETS} == set(GROUPS)
+    assert len({t.key for t in TARGETS}) == len(TARGETS)
+
+
+def test_the_leaderboard_group_times_ours_and_both_sdpa_backends_compiled():
+    assert [i.key for i in group_impls("leaderboard")] == [
+        "flash-triton+compile", "sdpa-flash+compile", "sdpa-cudnn+compile"]
+    assert [i.key for i in group_impls("pytorch_sweep")] == [
+        "flash-triton", "eager", "eager+compile"]
+
+
+@pytest.mark.parametrize("preset", ["assignment", "quick", "smoke"])
+def test_group_shapes_come_from_the_preset(preset):
+    config = PRESETS[preset]["flash"]
+    lb, sweep = config["leaderboard"], config["seq_lengths"]
+    case = group_case("leaderboard", config)
+    assert case.shapes == ((lb["batch_size"], lb["seq"], lb["d"]),) and case.causal
+    assert group_case("cold_compile", config) == case
+    forward = group_case("forward", config)
+    assert [s[2] for s in forward.shapes] == [64, 128]
+    assert {s[:2] for s in forward.shapes} == {(lb["batch_size"], lb["seq"])}
+    for group, low in (("sdpa_flash_sweep", 4096), ("pytorch_sweep", 1024)):
+        case = group_case(group, config)
+        assert case.dtype == "bf16" and case.causal == config["causal"]
+        assert sorted(case.shapes) == sorted((config["batch_size"], s, d) for s in sweep
+                                             if s >= low for d in config["d_heads"])
+    assert group_case("longest", config).shapes == tuple(
+        (config["batch_size"], LONGEST_SEQ, d) for d in config["d_heads"])
+
+
+def test_quick_preset_shapes():
+    config = PRESETS["quick"]["flash"]
+    assert group_case("sdpa_flash_sweep", config).shapes == (
+        (1, 4096, 64), (1, 4096, 128), (1, 16384, 64), (1, 16384, 128))
+    assert len(group_case("pytorch_sweep", config).shapes) == 6
+    assert group_case("pytorch_sweep", PRESETS["smoke"]["flash"]).shapes == ()
+
+
+def _target(key):
+    return next(t for t in TARGETS if t.key == key)
+
+
+def test_targets_compare_as_the_issue_states():
+    vs_flash = _target("leaderboard_vs_sdpa_flash")
+    assert vs_flash.meets(0.75) and not vs_flash.meets(0.76)
+    assert vs_flash.describe() == "≤ 0.75x SDPA flash, compiled"
+    best = _target("leaderboard_vs_class_best")
+    assert best.bound == CLASS_BEST_MS == 5.364 and best.describe() == "< 5.364 ms"
+    assert not best.meets(5.364) and best.meets(5.3)  # "under": strict
+    assert _target("sweep_vs_eager").meets(0.99) and not _target("sweep_vs_eager").meets(1.0)
+    assert _target("sweep_vs_sdpa_flash").meets(1.25)
+    no_oom = _target("no_oom")
+    assert no_oom.meets(65536) and not no_oom.meets(32768) and no_oom.describe() == "≥ 65536"
+    assert no_oom.off_by(32768) == 2.0
+    assert _target("cold_compile").describe() == "≤ 600 s"
+    assert _target("leaderboard_vs_sdpa_cudnn").stretch
+
+
+# --- the job, on the CPU -------------------------------------------------------------------
+
+def test_the_job_records_skipped_on_a_cpu(tmp_path):
+    out = tmp_path / "r.json"
+    record = flash_speed.main(["--group", "leaderboard", "--shapes", "2x32x16", "--dtype",
+                               "fp32", "--device", "cpu", "--output", str(out)])
+    assert record["status"] == "skipped" and "CPU" in record["message"]
+    assert json.loads(out.read_text())["config"]["shapes"] == [[2, 32, 16]]
+
+
+def test_a_group_without_shapes_records_skipped():
+    config = {"group": "pytorch_sweep", "shapes": [], "dtype": "bf16", "causal": True,
+              "rounds": 2, "seed": 0}
+    with pytest.raises(flash_speed.Skip, match="no shape of this preset's flash sweep"):
+        flash_speed.measure(config, torch.device("cuda"))  # checked before any CUDA call
+
+
+def test_bad_shapes_are_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        flash_speed.main(["--group", "forward", "--shapes", "2x32", "--dtype", "bf16",
+                          "--output", str(tmp_path / "r.json")])
+
+
+def test_a_backend_that_cannot_run_here_is_skipped_by_the_flash_job(tmp_path):
+    from cs336_systems.sections.flash import time_flash as flash_cli
+
+    record = flash_cli.main(["--impl", "sdpa-cudnn", "--seq", "32", "--d", "16", "--dtype",
+                             "fp32", "--device", "cpu", "--output", str(tmp_path / "r.json")])
+    assert record["status"] == "skipped"  # cuDNN attention never runs on a CPU
+    assert record["message"].startswith("SDPA cuDNN cannot run here: ")
+
+
+def test_the_rule_arguments_are_what_the_cli_takes(tmp_path):
+    """What the flash_speed rule passes (group_args, as jobs.to_argv writes it) parses back
+    into the record's configuration."""
+    from cs336_systems.pipeline.jobs import to_argv
+
+    for preset in ("quick", "smoke"):
+        flash_config = PRESETS[preset]["flash"]
+        for group in GROUPS:
+            args = group_args(group, flash_config)
+            record = flash_speed.main(to_argv({**args, "device": "cpu"})
+                                      + ["--output", str(tmp_path / f"{group}.json")])
+            assert record["status"] == "skipped"
+            case = group_case(group, flash_config)
+            assert record["config"]["shapes"] == [list(s) for s in case.shapes]
+            assert record["config"]["rounds"] == flash_config["speed"]["rounds"]
+            assert (record["config"]["dtype"], record["config"]["causal"]) == (case.dtype,
+                                                                               case.causal)
+
+
+class _Finished:
+    returncode, stdout, stderr = 0, '{"first_step_s": 12.5}\n', "compiling\n"
+
+
+def test_cold_compile_runs_a_fresh_process_with_empty_caches(monkeypatch):
+    seen = {}
+
+    def run(command, env, timeout, **kwargs):
+        seen.update(command=command, env=env, timeout=timeout)
+        for key in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+            folder = Path(env[key])
+            assert not folder.exists() or not any(folder.iterdir())
+        return _Finished()
+
+    monkeypatch.setattr(flash_speed.subprocess, "run", run)
+    config = _config(group="cold_compile", shapes=[[16, 16384, 64]], dtype="bf16")
+    (entry,) = flash_speed.measure_cold_compile(config, CPU)
+    assert entry["status"] == "ok" and entry["impl"] == "flash-triton+compile"
+    assert entry["first_step_s"] == 12.5 and entry["value"] > 0
+    assert seen["command"][1:3] == ["-m", "cs336_systems.sections.flash.cold_compile"]
+    assert "16x16384x64" in seen["command"] and seen["timeout"] == 2 * 600
+    assert seen["env"]["TRITON_CACHE_DIR"] != seen["env"]["TORCHINDUCTOR_CACHE_DIR"]
+    assert str(ROOT / "src") in seen["env"]["PYTHONPATH"].split(":")
+
+
+def test_cold_compile_past_its_patience_is_a_timeout(monkeypatch):
+    def run(command, timeout, **kwargs):
+        raise subprocess.TimeoutExpired(command, timeout)
+
+    monkeypatch.setattr(flash_speed.subprocess, "run", run)
+    config = _config(group="cold_compile", shapes=[[16, 16384, 64]], dtype="bf16")
+    (entry,) = flash_speed.measure_cold_compile(config, CPU)
+    assert entry["status"] == "timeout" and "1200 s" in entry["message"]
+
+
+def _config(**overrides) -> dict:
+    return {"group": "pytorch_sweep", "shapes": [[1, 32, 16]], "dtype": "fp32", "causal": True,
+            "rounds": 3, "seed": 0, **overrides}
+
+
+def test_versus_times_each_implementation_in_interleaved_rounds(monkeypatch):
+    calls = []
+    real = flash_speed.benchmark_ms
+
+    def spy(fn, device, **kwargs):
+        calls.append(fn)
+        return real(fn, device, **kwargs)
+
+    monkeypatch.setattr(flash_speed, "benchmark_ms", spy)
+    impls = [Impl("eager"), Impl("sdpa-flash"), Impl("sdpa-cudnn")]
+    entries = flash_speed.time_versus((1, 32, 16), impls, "forward_backward_ms", _config(), CPU)
+    assert [e["impl"] for e in entries] == ["eager", "sdpa-flash", "sdpa-cudnn"]
+    eager, sdpa, cudnn = entries
+    # a backend that cannot run here is skipped with SDPA's reason, not an error
+    assert cudnn["status"] == "skipped" and "SDPA cuDNN cannot run here" in cudnn["message"]
+    for entry in (eager, sdpa):
+        assert entry["status"] == "ok" and len(entry["rounds"]) == 3
+        assert entry["value"] == statistics.median(entry["rounds"])
+        assert entry["std"] == pytest.approx(statistics.stdev(entry["rounds"]))
+    assert len(calls) == 6 and calls[0] is not calls[1] and calls[0] is calls[2]  # in turn
+
+
+def test_an_out_of_memory_ends_only_its_measurement(monkeypatch):
+    real = flash_speed.benchmark_ms
+    eager_step = {}
+
+    def fail_second(fn, device, **kwargs):
+        eager_step.setdefault("fn", fn)  # the first implementation timed: eager
+        if fn is not eager_step["fn"]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8 GiB")
+        return real(fn, device, **kwargs)
+
+    monkeypatch.setattr(flash_speed, "benchmark_ms", fail_second)
+    entries = flash_speed.time_versus((1, 32, 16), [Impl("eager"), Impl("sdpa-flash")],
+                                      "forward_ms", _config(), CPU)
+    assert entries[0]["status"] == "ok" and len(entries[0]["rounds"]) == 3
+    assert entries[1]["status"] == "oom" and "out of memory" in entries[1]["message"]
+
+
+def test_longest_halves_the_length_after_an_out_of_memory(monkeypatch):
+    real = flash_speed.attention_inputs
+
+    def inputs(shape, dtype, device):
+        if shape[1] > 32:
+            raise torch.OutOfMemoryError("CUDA out of memory.")
+        return real(shape, dtype, device)
+
+    monkeypatch.setattr(flash_speed, "attention_inputs", inputs)
+    monkeypatch.setattr(flash_speed, "OURS", "eager")  # the Triton kernels need a GPU here
+    entry = flash_speed.longest_run((1, 128, 16), _config(group="longest"), CPU)
+    assert entry["status"] == "ok" and entry["value"] == 32
+    assert entry["tried"] == {128: "oom", 64: "oom", 32: "ok"}
+    assert entry["forward_backward_ms"] > 0
+
+
+# --- the speed table, from synthetic records -----------------------------------------------
+
+ENV = {"device": "cuda", "gpu": "NVIDIA H200", "torch": "2.11", "triton": "3.6", "git": "abc"}
+
+
+def _measured(impl: str, shape, value: float, std: float = 0.01, status: str = "ok",
+              metric: str = "forward_backward_ms", **fields) -> dict:
+    entry = {"impl": impl, "shape": list(shape), "metric": metric, "status": status, **fields}
+    if status == "ok":
+        entry.update(value=value, std=std, rounds=[value] * 3)
+    return entry
+
+
+def _record(tmp_path: Path, group: str, measurements: list[dict], shapes, status: str = "ok",
+            message: str = "", git: str = "abc", dtype: str = "bf16") -> str:
+    record = {"section": "flash_speed", "status": status, "env": {**ENV, "git": git},
+              "metrics": {"measurements": measurements} if status == "ok" else {},
+              "config": {"group": group, "shapes": [list(s) for s in shapes], "dtype": dtype,
+                         "causal": True, "rounds": 3, "seed": 0}}
+    if message:
+        record["message"] = message
+    path = tmp_path / "flash_speed" / f"{group}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+    return str(path)
+
+
+LB = (16, 16384, 64)
+
+
+def _speed_records(tmp_path: Path) -> list[str]:
+    ours, sdpa, cudnn = (f"{n}+compile" for n in ("flash-triton", "sdpa-flash", "sdpa-cudnn"))
+    shapes = [(1, 1024, 64), (1, 4096, 64)]
+    return [
+        # 6.0 ms against SDPA flash's 9.0 (0.667 <= 0.75: met) and cuDNN's 5.0 (1.2: unmet)
+        _record(tmp_path, "leaderboard", [_measured(ours, LB, 6.0), _measured(sdpa, LB, 9.0),
+                                          _measured(cudnn, LB, 5.0)], [LB]),
+        _record(tmp_path, "forward", [], [(16, 16384, 64), (16, 16384, 128)], status="skipped",
+                message="SDPA flash cannot run here: sm75"),
+        # plain PyTorch runs out of memory at 4096; compiled, it is faster than ours at 1024
+        _record(tmp_path, "pytorch_sweep", [
+            _measured("flash-triton", shapes[0], 1.0), _measured("eager", shapes[0], 2.0),
+            _measured("eager+compile", shapes[0], 0.9),
+            _measured("flash-triton", shapes[1], 3.0),
+            _measured("eager", shapes[1], None, status="oom", message="CUDA out of memory."),
+            _measured("eager+compile", shapes[1], 6.0)], shapes, git="def"),
+        _record(tmp_path, "longest", [_measured("flash-triton", (1, 65536, 64), 32768, std=None,
+                                                metric="longest_seq")], [(1, 65536, 64)]),
+        _record(tmp_path, "cold_compile", [_measured("flash-triton+compile", LB, 75.0, std=None,
+                                                     metric="cold_compile_s")], [LB]),
+    ]
+
+
+def _outputs(tmp_path: Path) -> dict[str, str]:
+    return {"table": str(tmp_path / "tables/flash.csv"),
+            "leaderboard_table": str(tmp_path / "tables/flash_leaderboard.csv"),
+            "speed_table": str(tmp_path / "tables/flash_speed.csv"),
+            "latency_figure": str(tmp_path / "figures/flash_latency_vs_seq.png"),
+            "speedup_figure": str(tmp_path / "figures/flash_speedup.png")}
+
+
+def _facts(tmp_path: Path, speed: list[str], records: list[str] = (), board=()) -> dict:
+    assignment = CONFIG["defaults"]["flash"]
+    facts = flash.build({"records": list(records), "leaderboard": list(board), "speed": speed},
+                        {"assignment": assignment}, _outputs(tmp_path))
+    write_facts(tmp_path / "flash.json", facts)
+    return read_facts(tmp_path / "flash.json")
+
+
+def _rows(tmp_path: Path) -> dict[tuple[str, str], dict]:
+    rows = speed_report.speed_rows(_speed_records(tmp_path))
+    return {(r["target"], r["shape"]): r for r in rows}
+
+
+def test_speed_rows_and_their_verdicts(tmp_path):
+    rows = _rows(tmp_path)
+    lb = "16x16384x64"
+    vs_flash = rows[("leaderboard_vs_sdpa_flash", lb)]
+    assert vs_flash["ratio"] == pytest.approx(6.0 / 9.0) and vs_flash["meets_target"] is True
+    assert vs_flash["reference_value"] == 9.0 and vs_flash["commit"] == "abc"
+    best = rows[("leaderboard_vs_class_best", lb)]
+    assert best["ratio"] is None and best["compared"] == 6.0 and best["meets_target"] is False
+    assert best["off_by"] == pytest.approx(6.0 / 5.364)
+    cudnn = rows[("leaderboard_vs_sdpa_cudnn", lb)]
+    assert cudnn["ratio"] == pytest.approx(1.2) and cudnn["meets_target"] is False
+    assert cudnn["within_spread"] is False  # 6.0 ± 0.01 against 5.0 ± 0.01
+    # a skipped group: every row of it skipped, with the reason and no verdict
+    for d in (64, 128):
+        row = rows[("forward_vs_sdpa_flash", f"16x16384x{d}")]
+        assert row["status"] == "skipped" and row["meets_target"] is None
+        assert row["reason"] == "SDPA flash cannot run here: sm75"
+    # the reference out of memory: no verdict, the status and whose measurement it was
+    oom = rows[("sweep_vs_eager", "1x4096x64")]
+    assert oom["status"] == "oom" and oom["meets_target"] is None
+    assert oom["reason"] == "plain PyTorch: CUDA out of memory."
+    assert rows[("sweep_vs_eager", "1x1024x64")]["meets_target"] is True
+    slower = rows[("sweep_vs_compiled", "1x1024x64")]
+    assert slower["ratio"] == pytest.approx(1.0 / 0.9) and slower["meets_target"] is False
+    assert rows[("sweep_vs_compiled", "1x4096x64")]["meets_target"] is True
+    longest = rows[("no_oom", "1x65536x64")]
+    assert longest["compared"] == 32768 and longest["meets_target"] is False
+    assert longest["within_spread"] is None  # no spread to test against
+    assert rows[("cold_compile", lb)]["meets_target"] is True
+    # a group whose record is absent from the inputs has no rows
+    assert not any(key[0] == "sweep_vs_sdpa_flash" for key in rows)
+
+
+def test_within_spread_when_the_bound_lies_inside_the_noise(tmp_path):
+    ours = "flash-triton+compile"
+    path = _record(tmp_path, "leaderboard", [
+        _measured(ours, LB, 5.40, std=0.1), _measured("sdpa-flash+compile", LB, 8.0, std=0.1),
+        _measured("sdpa-cudnn+compile", LB, 5.35, std=0.1)], [LB])
+    rows = {r["target"]: r for r in speed_report.speed_rows([path])}
+    assert rows["leaderboard_vs_sdpa_cudnn"]["meets_target"] is False
+    assert rows["leaderboard_vs_sdpa_cudnn"]["within_spread"] is True
+    # 5.40 ± 0.1 against 5.364 (quoted, no spread)
+    assert rows["leaderboard_vs_class_best"]["within_spread"] is True
+    # 5.40 ± 0.1 against 0.75 x (8.0 ± 0.1) = 6.0 ± 0.075: met, beyond the spread
+    assert rows["leaderboard_vs_sdpa_flash"]["meets_target"] is True
+    assert rows["leaderboard_vs_sdpa_flash"]["within_spread"] is False
+    shown = speed_report.speed_display(speed_report.speed_table([path]))
+    assert list(shown["meets_target"]) == ["true", "false", "false"]
+    assert list(shown["bound within spread"]) == ["false", "true", "true"]
+    assert list(shown["ratio"]) == ["0.68x", "", "1.01x"]
+
+
+def test_speed_facts_table_and_sentences(tmp_path):
+    speed = _speed_records(tmp_path)
+    facts = _facts(tmp_path, speed)
+    sp = facts["speed"]
+    rows = speed_report.speed_rows(speed)
+    assert sp["rows"] == len(rows) == 3 + 2 + 2 * 2 + 1 + 1
+    assert sp["measured"] == len(rows) - 3 and sp["met"] == 4 and sp["all_met"] is False
+    assert sp["rounds"] == 3
+    unmet = {u["title"]: u for u in sp["unmet"]}
+    assert len(sp["unmet"]) == 4
+    cudnn = unmet["leaderboard forward+backward (stretch)"]
+    assert cudnn["shown"] == "1.20x" and cudnn["side"] == "above" and cudnn["stretch"]
+    assert cudnn["off_by"] == pytest.approx(1.2 / 1.0)
+    longest = unmet["longest sequence forward+backward runs"]
+    assert longest["shown"] == "32768" and longest["side"] == "below" and longest["off_by"] == 2.0
+    # the CSV holds every row, with its commit
+    table = pd.read_csv(_outputs(tmp_path)["speed_table"])
+    assert len(table) == len(rows) and set(table["commit"]) == {"abc", "def"}
+    assert facts["commits"]["speed"] == {"commits": ["abc", "def"], "mixed": True}
+
+    text = " ".join(render(Section("flash").template, facts, link_base=tmp_path).split())
+    assert "Of 11 rows, 4 meet their target, 4 miss it and 3 were not measured." in text
+    assert ("Unmet: leaderboard forward+backward (stretch) at 16x16384x64: 1.20x "
+            "against ≤ 1x SDPA cuDNN, compiled, 1.20x above the bound.") in text
+    assert ("Unmet: longest sequence forward+backward runs at 1x65536x64: 32768 against "
+            "≥ 65536, 2.00x below the bound.") in text
+    assert ("Not measured, oom (plain PyTorch: CUDA out of memory.): forward+backward, "
+            "seq ≥ 1024 at 1x4096x64.") in text
+    assert ("Not measured, skipped (SDPA flash cannot run here: sm75): forward alone at "
+            "16x16384x64; forward alone at 16x16384x128.") in text
+    assert ("The speed table mixes records from 2 commits (`abc`, `def`): its rows do not all "
+            "come from the same code.") in text
+    assert "| leaderboard forward+backward " in facts["speed"]["table"]
+    assert "Every target is met." not in text
+
+
+def test_every_target_met(tmp_path):
+    ours = "flash-triton+compile"
+    path = _record(tmp_path, "leaderboard", [
+        _measured(ours, LB, 4.0), _measured("sdpa-flash+compile", LB, 6.0),
+        _measured("sdpa-cudnn+compile", LB, 4.5)], [LB])
+    facts = _facts(tmp_path, [path])
+    assert facts["speed"]["all_met"] is True and facts["speed"]["unmet"] == []
+    text = " ".join(render(Section("flash").template, facts, link_base=tmp_path).split())
+    assert "Of 3 rows, 3 meet their target, 0 miss it and 0 were not measured." in text
+    assert "Every target is met." in text
+    assert "Every record of the speed table comes from commit `abc`." in text
+
+
+def test_an_error_record_is_reported_not_hidden(tmp_path):
+    path = _record(tmp_path, "longest", [], [(1, 65536, 64)], status="error",
+                   message="Traceback (most recent call last):\n  ...\nValueError: bad")
+    (row,) = speed_report.speed_rows([path])
+    assert row["status"] == "error" and row["reason"] == "ValueError: bad"
+    assert row["meets_target"] is None
+
+
+# --- the flash table: TFLOP/s and commits --------------------------------------------------
+
+def _flash_record(tmp_path: Path, impl: str, git: str, seq: int = 4096, d: int = 64,
+                  fb_ms: float = 2.0) -> str:
+    record = {"section": "flash", "status": "ok", "env": {**ENV, "git": git},
+              "metrics": {"forward_ms": fb_ms / 4, "backward_ms": 3 * fb_ms / 4,
+                          "forward_backward_ms": fb_ms},
+              "config": {"impl": impl, "seq": seq, "d": d, "dtype": "bf16", "batch_size": 2,
+                         "causal": True, "compile": False, "seed": 0}}
+    path = tmp_path / "flash" / f"{impl}_{git}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+    return str(path)
+
+
+def test_tflops_by_hand(tmp_path):
+    # batch 2, seq 4096, d 64, causal: forward = 2 matmuls x 2 x 2*4096*4096*64 / 2
+    forward_flops = 2 * 2 * (2 * 4096 * 4096 * 64) / 2
+    assert flash.pass_flops(2, 4096, 64, True, "forward") == forward_flops == 4_294_967_296
+    assert flash.pass_flops(2, 4096, 64, False, "forward") == 2 * forward_flops
+    assert flash.pass_flops(2, 4096, 64, True, "backward") == 2.5 * forward_flops
+    table = flash.build_table([_flash_record(tmp_path, "flash-triton", "abc", fb_ms=2.0)])
+    row = table.iloc[0]
+    # forward+backward: 3.5 x 4.294967296e9 FLOPs in 2 ms = 7.516 TFLOP/s
+    assert row["forward_backward_tflops"] == pytest.approx(3.5 * 4.294967296e9 / 2e-3 / 1e12)
+    assert row["forward_tflops"] == pytest.approx(4.294967296e9 / 0.5e-3 / 1e12)
+    assert row["backward_tflops"] == pytest.approx(2.5 * 4.294967296e9 / 1.5e-3 / 1e12)
+    assert "| 7.5 " in flash.to_markdown(flash.display_table(table))
+
+
+def test_mixed_commits_are_said(tmp_path):
+    records = [_flash_record(tmp_path, "flash-triton", "abc"),
+               _flash_record(tmp_path, "eager", "def")]
+    facts = _facts(tmp_path, [], records=records)
+    assert facts["commits"]["flash"] == {"commits": ["abc", "def"], "mixed": True}
+    assert facts["commits"]["leaderboard"] == {"commits": [], "mixed": False}
+    text = " ".join(render(Section("flash").template, facts, link_base=tmp_path).split())
+    assert ("The flash_benchmarking table mixes records from 2 commits (`abc`, `def`)"
+            in text)
+    assert "no speed records in this preset" in text
+    one = _facts(tmp_path, [], records=records[:1])
+    text = " ".join(render(Section("flash").template, one, link_base=tmp_path).split())
+    assert "Every record of the flash_benchmarking table comes from commit `abc`." in text
+
+
+# --- the pipeline plans the speed jobs -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    return copy_checkout(tmp_path_factory.mktemp("speed") / "repo")
+
+
+@pytest.mark.pipeline
+@pytest.mark.parametrize("preset", ["smoke", "quick"])
+def test_snakemake_plans_one_speed_job_per_group(checkout, preset):
+    jobs = stale_jobs(checkout, "--config", f"preset={preset}")
+    assert jobs["flash_speed"] == len(GROUPS) and jobs["flash_tables"] == 1
