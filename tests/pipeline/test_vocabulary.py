@@ -80,7 +80,7 @@ def _choices(module, dest: str) -> list[str]:
     (profile, "precision", list(PRECISIONS)),
     (profile, "attention", list(ATTENTION_IMPLEMENTATIONS)),
     (mixed_precision, "precision", list(PRECISIONS)),
-    (flash, "impl", list(ATTENTION_IMPLEMENTATIONS)),
+    (flash, "attention", list(ATTENTION_IMPLEMENTATIONS)),
     (flash, "dtype", list(PRECISIONS)),
     (ddp, "variant", list(DDP_VARIANTS)),
     (ddp, "backend", list(BACKENDS)),

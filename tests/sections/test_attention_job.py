@@ -6,9 +6,10 @@ import json
 import pytest
 import torch
 
+from cs336_systems.analysis.attention_memory import eager_attention_bytes
 from cs336_systems.lm.attention import eager_attention
 from cs336_systems.sections.attention import time_attention as experiment
-from cs336_systems.sections.attention.report import eager_attention_bytes, loglog_slope
+from cs336_systems.sections.attention.report import loglog_slope
 
 
 def test_saved_for_backward_is_what_autograd_saves():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import yaml
 
+from cs336_systems.analysis.attention_memory import eager_attention_bytes
 from cs336_systems.report.facts import jsonable
 from cs336_systems.report.render import render
 from cs336_systems.sections import Section
@@ -65,7 +66,7 @@ def test_the_count_matches_the_measured_memory(facts):
         check["before_backward_measured_gib"], abs=0.05)
     for d in DEFAULTS["attention"]["d_heads"]:  # and at the longest sequence, uncapped
         measured = _metrics(f"attention/eager_d{d}_seq16384_uncapped.json")["peak_gib"]
-        model = attention.eager_attention_bytes(8, 16384, d)["peak"] / 2**30
+        model = eager_attention_bytes(8, 16384, d)["peak"] / 2**30
         assert model == pytest.approx(measured, abs=0.1)
 
 

@@ -49,7 +49,7 @@ def _records(paths: list[str]) -> list[dict]:
 def _times(records: list[dict], impl: str, metric: str) -> dict[tuple, float]:
     """(d, dtype, seq) -> metric of `impl`, for the records that have it."""
     return {(r["config"]["d"], r["config"]["dtype"], r["config"]["seq"]): r["metrics"][metric]
-            for r in records if r["config"]["impl"] == impl and metric in r["metrics"]}
+            for r in records if r["config"]["attention"] == impl and metric in r["metrics"]}
 
 
 def _ratios(records: list[dict], over: str, metric: str = "forward_backward_ms") -> dict:
@@ -106,7 +106,7 @@ def test_counts_and_run_facts(reference):
 
 def test_leaderboard_facts_match_the_two_records(reference):
     facts, _ = reference
-    by_impl = {r["config"]["impl"]: r["metrics"]["forward_backward_ms"]
+    by_impl = {r["config"]["attention"]: r["metrics"]["forward_backward_ms"]
                for r in _records(BOARD_RECORDS)}
     board = facts["leaderboard"]
     assert board["triton_ms"] == by_impl["flash-triton"] and board["sdpa_ms"] == by_impl["sdpa"]
@@ -148,7 +148,7 @@ def test_tables_and_figures_are_written(reference):
     facts, tmp_path = reference
     outputs = _outputs(tmp_path)
     table = pd.read_csv(outputs["table"])
-    assert len(table) == 48 and set(table["impl"]) == {"flash-triton", "sdpa", "eager"}
+    assert len(table) == 48 and set(table["attention"]) == {"flash-triton", "sdpa", "eager"}
     assert len(pd.read_csv(outputs["leaderboard_table"])) == 2
     for key in ("latency_figure", "speedup_figure"):
         assert Path(outputs[key]).stat().st_size > 0 and facts[key] == outputs[key]
@@ -185,7 +185,7 @@ def _write(tmp_path: Path, impl: str, seq: int, status: str = "ok", metrics=None
            message: str = "", d: int = 16, dtype: str = "fp32", folder: str = "flash",
            **config) -> str:
     record = {"section": "flash", "status": status, "metrics": metrics or {}, "env": CPU_ENV,
-              "config": {"impl": impl, "seq": seq, "d": d, "dtype": dtype, "batch_size": 1,
+              "config": {"attention": impl, "seq": seq, "d": d, "dtype": dtype, "batch_size": 1,
                          "causal": True, "compile": False, "seed": 0, **config}}
     if message:
         record["message"] = message
@@ -234,7 +234,8 @@ def test_skipped_and_oom_configurations(tmp_path):
     assert facts["skipped"] == {"count": 1, "reasons": [SKIP_REASON]}
     assert facts["errors"] == {"count": 1, "reasons": ["ZeroDivisionError: boom"]}
     # eager d 16 fp32 ran out of memory from seq 32 (two passes there, the whole run at 64)
-    assert facts["oom"] == [{"impl": "eager", "label": "plain PyTorch", "d": 16, "dtype": "fp32",
+    assert facts["oom"] == [{"attention": "eager", "label": "plain PyTorch", "d": 16,
+                             "dtype": "fp32",
                              "from_seq": 32, "configurations": 2,
                              "passes": ["forward", "backward", "forward_backward"]}]
     # forward+backward exists for both at seq 16 only: 6 / 3; forward at 16 and 32: 2/1, 3/1
@@ -246,7 +247,7 @@ def test_skipped_and_oom_configurations(tmp_path):
     board_facts = facts["leaderboard"]
     assert board_facts["triton_ms"] is None and board_facts["vs_class_best"] is None
     assert board_facts["is_assignment_shape"] is False
-    assert board_facts["not_ok"] == [{"impl": "flash-triton", "label": "Triton FA2",
+    assert board_facts["not_ok"] == [{"attention": "flash-triton", "label": "Triton FA2",
                                       "status": "skipped", "reason": SKIP_REASON}]
 
     text = render(Section("flash").template, facts, link_base=tmp_path)
@@ -269,9 +270,9 @@ def test_the_assignment_matrix_comes_from_the_options(tmp_path):
                for impl in ("flash-triton", "eager")]
     board = [_write(tmp_path, "flash-triton", 16, folder="board", compile=True,
                     metrics=_timed(1.0, 2.0))]
-    matrix = {**ASSIGNMENT, "implementations": ["flash-triton", "eager"], "seq_lengths": [16],
+    matrix = {**ASSIGNMENT, "attention": ["flash-triton", "eager"], "seq_lengths": [16],
               "d_heads": [16], "dtypes": ["fp32"],
-              "leaderboard": {"implementations": ["flash-triton"], "batch_size": 1, "seq": 16,
+              "leaderboard": {"attention": ["flash-triton"], "batch_size": 1, "seq": 16,
                               "d": 16, "dtype": "fp32"}}
     facts = _build(tmp_path, records, board, matrix)
     assert facts["coverage"]["flash_benchmarking"] == {

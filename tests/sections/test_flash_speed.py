@@ -26,10 +26,10 @@ from cs336_systems.sections.flash.targets import (
     GROUPS,
     LONGEST_SEQ,
     TARGETS,
-    Impl,
+    AttentionRun,
     group_args,
     group_case,
-    group_impls,
+    group_runs,
 )
 from support.checkout import ROOT, copy_checkout, stale_jobs
 
@@ -46,9 +46,9 @@ def test_every_group_has_targets_and_every_target_a_group():
 
 
 def test_the_leaderboard_group_times_ours_and_both_sdpa_backends_compiled():
-    assert [i.key for i in group_impls("leaderboard")] == [
+    assert [i.key for i in group_runs("leaderboard")] == [
         "flash-triton+compile", "sdpa-flash+compile", "sdpa-cudnn+compile"]
-    assert [i.key for i in group_impls("pytorch_sweep")] == [
+    assert [i.key for i in group_runs("pytorch_sweep")] == [
         "flash-triton", "eager", "eager+compile"]
 
 
@@ -125,7 +125,7 @@ def test_bad_shapes_are_refused(tmp_path):
 def test_a_backend_that_cannot_run_here_is_skipped_by_the_flash_job(tmp_path):
     from cs336_systems.sections.flash import time_flash as flash_cli
 
-    record = flash_cli.main(["--impl", "sdpa-cudnn", "--seq", "32", "--d", "16", "--dtype",
+    record = flash_cli.main(["--attention", "sdpa-cudnn", "--seq", "32", "--d", "16", "--dtype",
                              "fp32", "--device", "cpu", "--output", str(tmp_path / "r.json")])
     assert record["status"] == "skipped"  # cuDNN attention never runs on a CPU
     assert record["message"].startswith("SDPA cuDNN cannot run here: ")
@@ -167,7 +167,7 @@ def test_cold_compile_runs_a_fresh_process_with_empty_caches(monkeypatch):
     monkeypatch.setattr(flash_speed.subprocess, "run", run)
     config = _config(group="cold_compile", shapes=[[16, 16384, 64]], dtype="bf16")
     (entry,) = flash_speed.measure_cold_compile(config, CPU)
-    assert entry["status"] == "ok" and entry["impl"] == "flash-triton+compile"
+    assert entry["status"] == "ok" and entry["attention"] == "flash-triton+compile"
     assert entry["first_step_s"] == 12.5 and entry["value"] > 0
     assert seen["command"][1:3] == ["-m", "cs336_systems.sections.flash.cold_compile"]
     assert "16x16384x64" in seen["command"] and seen["timeout"] == 2 * 600
@@ -199,9 +199,9 @@ def test_versus_times_each_implementation_in_interleaved_rounds(monkeypatch):
         return real(fn, device, **kwargs)
 
     monkeypatch.setattr(flash_speed, "benchmark_ms", spy)
-    impls = [Impl("eager"), Impl("sdpa-flash"), Impl("sdpa-cudnn")]
+    impls = [AttentionRun("eager"), AttentionRun("sdpa-flash"), AttentionRun("sdpa-cudnn")]
     entries = flash_speed.time_versus((1, 32, 16), impls, "forward_backward_ms", _config(), CPU)
-    assert [e["impl"] for e in entries] == ["eager", "sdpa-flash", "sdpa-cudnn"]
+    assert [e["attention"] for e in entries] == ["eager", "sdpa-flash", "sdpa-cudnn"]
     eager, sdpa, cudnn = entries
     # a backend that cannot run here is skipped with SDPA's reason, not an error
     assert cudnn["status"] == "skipped" and "SDPA cuDNN cannot run here" in cudnn["message"]
@@ -223,7 +223,7 @@ def test_an_out_of_memory_ends_only_its_measurement(monkeypatch):
         return real(fn, device, **kwargs)
 
     monkeypatch.setattr(flash_speed, "benchmark_ms", fail_second)
-    entries = flash_speed.time_versus((1, 32, 16), [Impl("eager"), Impl("sdpa-flash")],
+    entries = flash_speed.time_versus((1, 32, 16), [AttentionRun("eager"), AttentionRun("sdpa-flash")],
                                       "forward_ms", _config(), CPU)
     assert entries[0]["status"] == "ok" and len(entries[0]["rounds"]) == 3
     assert entries[1]["status"] == "oom" and "out of memory" in entries[1]["message"]
@@ -252,7 +252,7 @@ ENV = {"device": "cuda", "gpu": "NVIDIA H200", "torch": "2.11", "triton": "3.6",
 
 def _measured(impl: str, shape, value: float, std: float = 0.01, status: str = "ok",
               metric: str = "forward_backward_ms", **fields) -> dict:
-    entry = {"impl": impl, "shape": list(shape), "metric": metric, "status": status, **fields}
+    entry = {"attention": impl, "shape": list(shape), "metric": metric, "status": status, **fields}
     if status == "ok":
         entry.update(value=value, std=std, rounds=[value] * 3)
     return entry
@@ -435,7 +435,7 @@ def _flash_record(tmp_path: Path, impl: str, git: str, seq: int = 4096, d: int =
     record = {"section": "flash", "status": "ok", "env": {**ENV, "git": git},
               "metrics": {"forward_ms": fb_ms / 4, "backward_ms": 3 * fb_ms / 4,
                           "forward_backward_ms": fb_ms},
-              "config": {"impl": impl, "seq": seq, "d": d, "dtype": "bf16", "batch_size": 2,
+              "config": {"attention": impl, "seq": seq, "d": d, "dtype": "bf16", "batch_size": 2,
                          "causal": True, "compile": False, "seed": 0}}
     path = tmp_path / "flash" / f"{impl}_{git}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

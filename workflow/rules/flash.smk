@@ -10,11 +10,11 @@ from cs336_systems.lm.precision import PRECISIONS
 
 FLASH = P["flash"]
 LEADERBOARD = FLASH["leaderboard"]
-FLASH_RECORD = f"{RESULTS}/flash/{{impl}}_seq{{seq}}_d{{d}}_{{dtype}}.json"
-LEADERBOARD_RECORD = f"{RESULTS}/flash_leaderboard/{{impl}}.json"
-FLASH_RECORDS = expand(FLASH_RECORD, impl=FLASH["implementations"], seq=FLASH["seq_lengths"],
+FLASH_RECORD = f"{RESULTS}/flash/{{attention}}_seq{{seq}}_d{{d}}_{{dtype}}.json"
+LEADERBOARD_RECORD = f"{RESULTS}/flash_leaderboard/{{attention}}.json"
+FLASH_RECORDS = expand(FLASH_RECORD, attention=FLASH["attention"], seq=FLASH["seq_lengths"],
                        d=FLASH["d_heads"], dtype=FLASH["dtypes"])
-LEADERBOARD_RECORDS = expand(LEADERBOARD_RECORD, impl=LEADERBOARD["implementations"])
+LEADERBOARD_RECORDS = expand(LEADERBOARD_RECORD, attention=LEADERBOARD["attention"])
 SPEED_RECORD = f"{RESULTS}/flash_speed/{{group}}.json"
 SPEED_RECORDS = expand(SPEED_RECORD, group=GROUPS)
 FLASH_CATEGORY = "4 FlashAttention-2"
@@ -24,20 +24,20 @@ rule flash:
     input:
         # the CLI, plus the kernels of this job's implementation (imported lazily)
         lambda wildcards: sources("cs336_systems.sections.flash.time_flash",
-                                  *attention_modules(wildcards.impl)),
+                                  *attention_modules(wildcards.attention)),
     output:
         FLASH_RECORD,
     log:
         log_for(FLASH_RECORD),
     wildcard_constraints:
-        impl=one_of(ATTENTION_IMPLEMENTATIONS),
+        attention=one_of(ATTENTION_IMPLEMENTATIONS),
         dtype=one_of(PRECISIONS),
         seq=r"\d+",
         d=r"\d+",
     params:
         job="experiment",
         cli="cs336_systems.sections.flash.time_flash",
-        args=lambda wildcards: {"impl": wildcards.impl, "seq": wildcards.seq, "d": wildcards.d,
+        args=lambda wildcards: {"attention": wildcards.attention, "seq": wildcards.seq, "d": wildcards.d,
                                 "dtype": wildcards.dtype, "batch_size": FLASH["batch_size"],
                                 "causal": FLASH["causal"], "compile": False,
                                 "device": DEVICE},
@@ -50,18 +50,18 @@ rule flash:
 rule flash_leaderboard:
     input:
         lambda wildcards: sources("cs336_systems.sections.flash.time_flash",
-                                  *attention_modules(wildcards.impl)),
+                                  *attention_modules(wildcards.attention)),
     output:
         LEADERBOARD_RECORD,
     log:
         log_for(LEADERBOARD_RECORD),
     wildcard_constraints:
-        impl=one_of(ATTENTION_IMPLEMENTATIONS),
+        attention=one_of(ATTENTION_IMPLEMENTATIONS),
     params:
         job="experiment",
         cli="cs336_systems.sections.flash.time_flash",
         # the assignment's case: torch.compile of each implementation, causal
-        args=lambda wildcards: {"impl": wildcards.impl, "seq": LEADERBOARD["seq"],
+        args=lambda wildcards: {"attention": wildcards.attention, "seq": LEADERBOARD["seq"],
                                 "d": LEADERBOARD["d"], "dtype": LEADERBOARD["dtype"],
                                 "batch_size": LEADERBOARD["batch_size"], "causal": True,
                                 "compile": True, "device": DEVICE},

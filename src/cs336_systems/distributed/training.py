@@ -21,6 +21,7 @@ from cs336_systems.distributed.naive import (
     allreduce_gradients_individually,
     broadcast_parameters,
 )
+from cs336_systems.distributed.variants import TRAINING_PHASES
 from cs336_systems.lm.loss import cross_entropy
 from cs336_systems.lm.optimizer import AdamW
 from cs336_systems.lm.precision import PRECISIONS
@@ -89,5 +90,4 @@ def training_phases(model: torch.nn.Module, config: dict, rank: int, world_size:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return [("forward", forward), ("backward", backward), ("communicate", communicate),
-            ("optimizer", optimizer_step)]
+    return list(zip(TRAINING_PHASES, (forward, backward, communicate, optimizer_step)))

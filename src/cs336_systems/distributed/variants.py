@@ -16,3 +16,8 @@ FSDP_VARIANTS: dict[str, str] = {
     "fsdp2": "torch.distributed.fsdp.fully_shard on each block and the root, the reference",
     "bucketed": DDP_VARIANTS["bucketed"],
 }
+
+# The phases of one data-parallel training step, in order (`training.training_phases`):
+# `communicate` is the all-reduces of the naive variants, and the exposed wait of the
+# overlapped ones.
+TRAINING_PHASES = ("forward", "backward", "communicate", "optimizer")

@@ -45,6 +45,11 @@ def read_facts(path: str | Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def number(value) -> float | None:
+    """A table cell as a plain float for the facts, or None where it is missing (None, NaN, NA)."""
+    return None if value is None or pd.isna(value) else float(value)
+
+
 def _finite(x) -> bool:
     return x is not None and not (isinstance(x, float) and math.isnan(x))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from cs336_systems.analysis.attention_memory import eager_attention_bytes
 from cs336_systems.lm.attention import attention_label
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.pipeline.records import read_record
@@ -29,7 +30,6 @@ from cs336_systems.report.tables import (
 )
 
 GIB = 2**30
-FP32_BYTES = 4
 SHAPE = ["d", "seq"]
 PASSES = ("forward", "backward")
 METRICS = (["forward_ms_mean", "forward_ms_std", "forward_ms_median", "backward_ms_mean",
@@ -108,37 +108,6 @@ def _first_step(path: str) -> float | None:
 
 # --- memory ----------------------------------------------------------------------------------
 
-def eager_attention_bytes(batch: int, seq: int, d: int, dtype_bytes: int = FP32_BYTES) -> dict:
-    """Bytes of the tensors of `eager_attention` (softmax(q k^T / sqrt(d)) v, no mask) and its
-    backward, by what they are. A (seq x seq) matrix per batch element is `scores`; a
-    (seq x d) one is `vector`.
-
-    - inputs: q, k, v, and the gradient of the output fed to backward
-    - forward: the scaled scores and the softmax output P live together (the unscaled product
-      is freed once divided); the output
-    - saved for backward: q, k (for q k^T), P (softmax saves its output, P v saves P) and v
-    - backward: dP = dO v^T beside the saved P; softmax's backward then holds dP * P (a
-      temporary) and dS = P (dP - sum(dP * P)) at once; dq, dk, dv
-    """
-    scores = batch * seq * seq * dtype_bytes
-    vector = batch * seq * d * dtype_bytes
-    parts = {
-        "inputs": 4 * vector,
-        "scores": scores,
-        "softmax_output": scores,
-        "output": vector,
-        "saved_for_backward": 3 * vector + scores,
-        "gradients": 3 * vector + 2 * scores,
-    }
-    parts["before_backward"] = parts["inputs"] + parts["output"] + parts["softmax_output"]
-    parts["forward_peak"] = parts["inputs"] + parts["scores"] + parts["softmax_output"] + vector
-    # P, dP, the temporary dP * P and dS live together inside softmax's backward
-    parts["backward_peak"] = (parts["inputs"] + parts["softmax_output"] + parts["gradients"]
-                              + scores)
-    parts["peak"] = max(parts["forward_peak"], parts["backward_peak"])
-    return parts
-
-
 def loglog_slope(x, y) -> float | None:
     """The exponent b of y ~ x^b, least squares in log space; None with fewer than 2 points."""
     x, y = np.asarray(x, float), np.asarray(y, float)
@@ -214,7 +183,7 @@ def flash_memory_facts(flash: pd.DataFrame) -> dict | None:
            "causal": bool(ok["causal"].iloc[0]) if len(ok) else None, "rows": []}
     for (d, dtype), group in ok.groupby(["d", "dtype"]):
         impls = {impl: g.sort_values("seq").set_index("seq")["peak_gib"]
-                 for impl, g in group.groupby("impl")}
+                 for impl, g in group.groupby("attention")}
         if not {"flash-triton", "eager"} <= set(impls):
             continue
         both = sorted(set(impls["flash-triton"].index) & set(impls["eager"].index))

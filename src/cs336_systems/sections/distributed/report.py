@@ -20,11 +20,11 @@ import numpy as np
 import pandas as pd
 
 from cs336_systems.distributed.launch import backend_for
-from cs336_systems.distributed.variants import DDP_VARIANTS
+from cs336_systems.distributed.variants import DDP_VARIANTS, TRAINING_PHASES
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.pipeline.records import read_record
 from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, jsonable, not_ok, speedup
+from cs336_systems.report.facts import covered, jsonable, not_ok, number, speedup
 from cs336_systems.report.render import fmt
 from cs336_systems.report.tables import (
     ensure_columns,
@@ -38,7 +38,7 @@ from cs336_systems.report.tables import (
 
 ALLREDUCE_METRICS = ["allreduce_ms_median", "allreduce_ms_mean", "allreduce_ms_std",
                      "size_bytes", "algbw_gbps", "busbw_gbps"]
-DDP_PHASES = ["forward", "backward", "communicate", "optimizer", "step"]
+DDP_PHASES = [*TRAINING_PHASES, "step"]  # each phase, and the whole step
 OVERLAP_METRICS = ["collective_busy_ms_per_step", "compute_busy_ms_per_step",
                    "collective_hidden_ms_per_step", "collective_hidden_fraction"]
 DDP_METRICS = ([f"{p}_ms_{s}" for p in DDP_PHASES for s in ("mean", "std")] + OVERLAP_METRICS
@@ -73,10 +73,6 @@ def edition_name(size: str) -> str:
     """'xl (the 2025 edition's xl)'; a size no edition names, as it is."""
     return f"{size} ({EDITION_NAMES[size]})" if size in EDITION_NAMES else str(size)
 
-
-def _number(value) -> float | None:
-    """A plain float, or None for a missing value."""
-    return None if value is None or pd.isna(value) else float(value)
 
 
 def _int(value) -> int | None:
@@ -266,8 +262,8 @@ def allreduce_facts(table: pd.DataFrame) -> dict:
         runs.append({
             "backend": backend, "world_size": int(world), "sizes": int(len(group)),
             "largest_size_mb": float(largest["size_mb"]),
-            "largest_busbw_gbps": _number(largest["busbw_gbps"]),
-            "largest_median_ms": _number(largest["allreduce_ms_median"]),
+            "largest_busbw_gbps": number(largest["busbw_gbps"]),
+            "largest_median_ms": number(largest["allreduce_ms_median"]),
             "fit": None if fit is None else {
                 "o_ms": fit[0], "o_us": None if fit[0] is None else fit[0] * 1e3,
                 "w_gbps": fit[1]},
@@ -358,8 +354,8 @@ def _ddp_display(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _step(row: pd.Series, phase: str = "step") -> dict:
-    return {"label": row["label"], "ms": _number(row[f"{phase}_ms_mean"]),
-            "std": _number(row[f"{phase}_ms_std"])}
+    return {"label": row["label"], "ms": number(row[f"{phase}_ms_mean"]),
+            "std": number(row[f"{phase}_ms_std"])}
 
 
 def _compare(time: dict, reference: dict) -> dict | None:
@@ -399,10 +395,10 @@ def _overlap(row: pd.Series) -> dict:
     """What rank 0's profile says of one run: per step, the time collectives ran, other device
     work ran, and both at once, and the exposed communication after backward."""
     return {"label": row["label"], "variant": row["variant"],
-            "collective_busy_ms": _number(row["collective_busy_ms_per_step"]),
-            "compute_busy_ms": _number(row["compute_busy_ms_per_step"]),
-            "hidden_ms": _number(row["collective_hidden_ms_per_step"]),
-            "hidden_fraction": _number(row["collective_hidden_fraction"]),
+            "collective_busy_ms": number(row["collective_busy_ms_per_step"]),
+            "compute_busy_ms": number(row["compute_busy_ms_per_step"]),
+            "hidden_ms": number(row["collective_hidden_ms_per_step"]),
+            "hidden_fraction": number(row["collective_hidden_fraction"]),
             "exposed": _step(row, "communicate")}
 
 
@@ -416,7 +412,7 @@ def size_facts(ok: pd.DataFrame) -> dict:
     variants = [{"label": r["label"], "variant": r["variant"], "status": r["status"],
                  "step": _step(r), "communicate": _step(r, "communicate"),
                  "backward": _step(r, "backward"),
-                 "collective_busy_ms": _number(r["collective_busy_ms_per_step"]),
+                 "collective_busy_ms": number(r["collective_busy_ms_per_step"]),
                  "profile_steps": _int(r["profile_steps"])}
                 for _, r in ok.iterrows()]
 
@@ -545,8 +541,8 @@ def size_overhead(ok: pd.DataFrame, allreduce: pd.DataFrame) -> dict:
             "backward": backward,
             "backward_slowdown_ms": backward["ms"] - naive_backward["ms"]
             if naive_backward else None,
-            "hidden_fraction": _number(r["collective_hidden_fraction"]),
-            "collective_busy_ms": _number(r["collective_busy_ms_per_step"])})
+            "hidden_fraction": number(r["collective_hidden_fraction"]),
+            "collective_busy_ms": number(r["collective_busy_ms_per_step"])})
     b_star = math.sqrt(s_bytes * w_gbps * 1e6 * o_ms)  # bytes
     display = pd.DataFrame({
         "bucket MiB": [f"{r['bucket_mib']:g}" for r in rows],
@@ -613,11 +609,11 @@ def _memory(row: pd.Series) -> dict:
     of the gradients before the step, AdamW's temporaries during it). AdamW creates its state
     in its first step, so the init window holds the parameters only. None on a CPU (no
     allocator statistics)."""
-    terms = {"parameters_gib": _number(row["parameter_gib"]),
-             "gradients_gib": _number(row["gradient_gib"]),
-             "optimizer_state_gib": _number(row["optimizer_state_gib"])}
+    terms = {"parameters_gib": number(row["parameter_gib"]),
+             "gradients_gib": number(row["gradient_gib"]),
+             "optimizer_state_gib": number(row["optimizer_state_gib"])}
     state = sum(terms.values()) if None not in terms.values() else None
-    peaks = {window: _number(row[f"peak_gib_{window}"]) for window, _ in MEMORY_WINDOWS}
+    peaks = {window: number(row[f"peak_gib_{window}"]) for window, _ in MEMORY_WINDOWS}
 
     def above(peak, known):
         return peak - known if peak is not None and known is not None else None
@@ -625,9 +621,9 @@ def _memory(row: pd.Series) -> dict:
     return {**terms, "state_gib": state,
             "peak_init_gib": peaks["init"], "peak_before_step_gib": peaks["before_step"],
             "peak_step_gib": peaks["step"],
-            "after_init_gib": _number(row["allocated_gib_after_init"]),
-            "before_step_gib": _number(row["allocated_gib_before_step"]),
-            "after_step_gib": _number(row["allocated_gib_after_step"]),
+            "after_init_gib": number(row["allocated_gib_after_init"]),
+            "before_step_gib": number(row["allocated_gib_before_step"]),
+            "after_step_gib": number(row["allocated_gib_after_step"]),
             "init_above_parameters_gib": above(peaks["init"], terms["parameters_gib"]),
             "before_step_above_state_gib": above(peaks["before_step"], state),
             "step_above_state_gib": above(peaks["step"], state)}
@@ -648,8 +644,8 @@ def sharded_facts(table: pd.DataFrame, per_rank: dict[bool, list[dict]]) -> dict
     state["fraction"] = state["sharded_gib"] / state["replicated_gib"]
     times = {}
     for phase in ("step", "optimizer"):
-        both = {name: {"ms": _number(row[f"{phase}_ms_mean"]),
-                       "std": _number(row[f"{phase}_ms_std"])}
+        both = {name: {"ms": number(row[f"{phase}_ms_mean"]),
+                       "std": number(row[f"{phase}_ms_std"])}
                 for name, row in (("replicated", replicated), ("sharded", sharded))}
         # above 1: the sharded run is faster
         times[phase] = {**both, "speedup": _compare(both["sharded"], both["replicated"])}
@@ -701,7 +697,7 @@ def accounting_facts(table: pd.DataFrame) -> dict | None:
     if table.empty or table.iloc[0]["status"] != "ok":
         return None
     r = table.iloc[0]
-    facts = {key: _number(r[key]) for key in ACCOUNTING_INPUTS + ACCOUNTING_METRICS}
+    facts = {key: number(r[key]) for key in ACCOUNTING_INPUTS + ACCOUNTING_METRICS}
     for key in ("mesh_multiplicity_x", "fsdp_degree_x", "tp_degree_y", "fsdp_degree_to_fit_tpu",
                 "devices", "parameters"):
         facts[key] = int(facts[key]) if facts[key] is not None else None

@@ -32,7 +32,7 @@ from cs336_systems.sections.flash import speed_table
 from cs336_systems.sections.flash.targets import CLASS_BEST_MS, OURS
 
 PASSES = ["forward", "backward", "forward_backward"]
-CONFIG_COLUMNS = ["impl", "seq", "d", "dtype", "batch_size", "causal", "compile"]
+CONFIG_COLUMNS = ["attention", "seq", "d", "dtype", "batch_size", "causal", "compile"]
 METRIC_COLUMNS = [f"{p}_ms" for p in PASSES] + [f"{p}_status" for p in PASSES] + ["peak_gib"]
 TFLOPS_COLUMNS = [f"{p}_tflops" for p in PASSES]
 SHAPE_KEYS = ["d", "dtype", "seq"]
@@ -42,7 +42,7 @@ SHAPE_KEYS = ["d", "dtype", "seq"]
 PASS_FLOPS = {"forward": 1.0, "backward": 2.5, "forward_backward": 3.5}
 CAUSAL_FRACTION = 0.5
 # Display order; the speed-ups are of FLASH over each REFERENCES implementation.
-IMPL_ORDER = ["flash-triton", "flash-pytorch", "sdpa", "sdpa-flash", "sdpa-cudnn", "eager"]
+ATTENTION_ORDER = ["flash-triton", "flash-pytorch", "sdpa", "sdpa-flash", "sdpa-cudnn", "eager"]
 FLASH = OURS
 REFERENCES = ("eager", "sdpa")
 # A rule of thumb, not a measurement: under this (forward+backward, ms) kernel-launch and
@@ -87,8 +87,8 @@ def build_table(record_paths: list[str]) -> pd.DataFrame:
         frame.loc[missing, f"{p}_status"] = frame.loc[missing, "status"]
         frame.loc[frame[f"{p}_ms"].notna(), f"{p}_status"] = "ok"
     frame = with_tflops(frame)
-    frame["impl_rank"] = frame["impl"].map({n: i for i, n in enumerate(IMPL_ORDER)})
-    frame = frame.sort_values(["d", "dtype", "seq", "impl_rank"])
+    frame["attention_rank"] = frame["attention"].map({n: i for i, n in enumerate(ATTENTION_ORDER)})
+    frame = frame.sort_values(["d", "dtype", "seq", "attention_rank"])
     return frame[CONFIG_COLUMNS + ["status"] + METRIC_COLUMNS + TFLOPS_COLUMNS + ["message"]
                  + env_columns(frame)]
 
@@ -116,8 +116,8 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     for (d, dtype, seq), group in table.groupby(SHAPE_KEYS, sort=True):
         row = {"d": d, "dtype": dtype, "seq": seq}
         for _, r in group.iterrows():
-            row[f"{attention_label(r['impl'])} ms"] = _cell(r)
-            row[f"{attention_label(r['impl'])} TFLOP/s"] = _tflops(r)
+            row[f"{attention_label(r['attention'])} ms"] = _cell(r)
+            row[f"{attention_label(r['attention'])} TFLOP/s"] = _tflops(r)
         rows.append(row)
     return pd.DataFrame(rows).fillna("")
 
@@ -126,7 +126,7 @@ def leaderboard_display(board: pd.DataFrame) -> pd.DataFrame:
     """One row per implementation: status and the three pass times in ms; a pass that did
     not run shows its status (`oom`: out of memory), as in the main table."""
     return pd.DataFrame({
-        "implementation": board["impl"].map(attention_label),
+        "implementation": board["attention"].map(attention_label),
         "status": board["status"],
         **{f"{p.replace('_', '+')} ms": [_pass(r, p) for _, r in board.iterrows()]
            for p in PASSES},
@@ -137,8 +137,8 @@ def leaderboard_display(board: pd.DataFrame) -> pd.DataFrame:
 def speedups(table: pd.DataFrame, over: str, of: str = FLASH,
              metric: str = "forward_backward_ms") -> pd.DataFrame:
     """time(over) / time(of) per (d, dtype, seq) where both ran: above 1, `of` is faster."""
-    a = table[table["impl"] == of].set_index(SHAPE_KEYS)[metric]
-    b = table[table["impl"] == over].set_index(SHAPE_KEYS)[metric]
+    a = table[table["attention"] == of].set_index(SHAPE_KEYS)[metric]
+    b = table[table["attention"] == over].set_index(SHAPE_KEYS)[metric]
     return (b / a).dropna().rename("speedup").reset_index()
 
 
@@ -146,7 +146,7 @@ def latency_figure(table: pd.DataFrame, path: str | Path) -> None:
     ds = sorted(table["d"].dropna().unique())
     fig, axes = figures.subplots(max(len(ds), 1), width=4.2)
     for ax, d in zip(axes[0], ds):
-        for (impl, dtype), group in table[table["d"] == d].groupby(["impl", "dtype"]):
+        for (impl, dtype), group in table[table["d"] == d].groupby(["attention", "dtype"]):
             group = group.dropna(subset=["forward_backward_ms"]).sort_values("seq")
             if len(group):
                 ax.plot(group["seq"], group["forward_backward_ms"], marker="o",
@@ -196,7 +196,7 @@ def speedup_summary(table: pd.DataFrame, over: str) -> dict | None:
     best = s.loc[s["speedup"].idxmax()]
     worst = s.loc[s["speedup"].idxmin()]
     median = float(s["speedup"].median())
-    return {"impl": over, "label": attention_label(over), "shapes": len(s),
+    return {"attention": over, "label": attention_label(over), "shapes": len(s),
             # the median ratio as a verdict: time 1 against reference `median`, no spread
             "median": median, "median_verdict": speedup(1.0, median),
             "min": float(worst["speedup"]), "min_at": _where(worst),
@@ -210,7 +210,7 @@ def pass_speedups(table: pd.DataFrame, over: str) -> dict:
     for p in PASSES:
         s = speedups(table, over=over, metric=f"{p}_ms")
         medians[p] = float(s["speedup"].median()) if len(s) else None
-    return {"impl": over, "label": attention_label(over), "medians": medians,
+    return {"attention": over, "label": attention_label(over), "medians": medians,
             "any": any(m is not None for m in medians.values())}
 
 
@@ -225,8 +225,8 @@ def oom_facts(table: pd.DataFrame) -> list[dict]:
     out = []
     any_oom = pd.concat([table[f"{p}_status"] == "oom" for p in PASSES], axis=1).any(axis=1)
     oom = table[any_oom]
-    for (impl, d, dtype), group in oom.groupby(["impl", "d", "dtype"], sort=True):
-        out.append({"impl": impl, "label": attention_label(impl), "d": int(d),
+    for (impl, d, dtype), group in oom.groupby(["attention", "d", "dtype"], sort=True):
+        out.append({"attention": impl, "label": attention_label(impl), "d": int(d),
                     "dtype": str(dtype), "from_seq": int(group["seq"].min()),
                     "configurations": len(group),
                     "passes": [p for p in PASSES if (group[f"{p}_status"] == "oom").any()]})
@@ -248,7 +248,7 @@ def _ran_with_do_bench(table: pd.DataFrame) -> bool:
 
 def _interpreted(table: pd.DataFrame) -> bool:
     """Whether FLASH has times from a CPU, where its kernels run in Triton's interpreter."""
-    ok = table[(table["status"] == "ok") & (table["impl"] == FLASH)]
+    ok = table[(table["status"] == "ok") & (table["attention"] == FLASH)]
     return bool("env_device" in ok and (ok["env_device"] == "cpu").any())
 
 
@@ -260,8 +260,8 @@ def sweep_gap(table: pd.DataFrame, assignment: dict) -> str:
         absent = [v for v in assignment[key] if v not in set(table[name].dropna().tolist())]
         if absent:
             gaps.append(f"{name} {', '.join(map(str, absent))}")
-    for impl in assignment["implementations"]:
-        if impl not in set(table["impl"]):
+    for impl in assignment["attention"]:
+        if impl not in set(table["attention"]):
             gaps.append(f"no {attention_label(impl)} rows")
     if not gaps:
         return ""
@@ -291,7 +291,7 @@ def leaderboard_facts(board: pd.DataFrame, assignment: dict) -> dict:
     """The leaderboard case: its table, shape, Triton and SDPA times, their ratio, and Triton's
     time against the class's best entry (only where the shape is the assignment's)."""
     shape = leaderboard_shape(board)
-    ok = board.dropna(subset=["forward_backward_ms"]).set_index("impl")["forward_backward_ms"]
+    ok = board.dropna(subset=["forward_backward_ms"]).set_index("attention")["forward_backward_ms"]
     triton_ms = float(ok[FLASH]) if FLASH in ok.index else None
     sdpa_ms = float(ok["sdpa"]) if "sdpa" in ok.index else None
     assignment_shape = is_assignment_case(shape, assignment)
@@ -309,8 +309,8 @@ def leaderboard_facts(board: pd.DataFrame, assignment: dict) -> dict:
         "class_best_ms": CLASS_BEST_MS,
         # ratio = class best / Triton time; only meaningful on the assignment's shape
         "vs_class_best": speedup(triton_ms, CLASS_BEST_MS) if assignment_shape else None,
-        "not_ok": [{**r, "label": attention_label(r["impl"])}
-                   for r in not_ok(board, ["impl"])],
+        "not_ok": [{**r, "label": attention_label(r["attention"])}
+                   for r in not_ok(board, ["attention"])],
     }
 
 
@@ -323,8 +323,8 @@ def coverage(table: pd.DataFrame, board: pd.DataFrame, assignment: dict) -> dict
                     f"{shape['dtype']}, not the assignment's case")
     if not board.empty:
         gaps += [f"no {attention_label(impl)} entry"
-                 for impl in assignment["leaderboard"]["implementations"]
-                 if impl not in set(board["impl"])]
+                 for impl in assignment["leaderboard"]["attention"]
+                 if impl not in set(board["attention"])]
     return {
         **{key: covered(None, how=CODE_AND_TESTS, anchor=key)
            for key in ("weighted_sum", "flash_forward", "flash_backward")},
@@ -369,7 +369,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "flash_interpreted": _interpreted(table),
         "configurations": len(table),
         "shapes": len(table.groupby(SHAPE_KEYS)) if len(table) else 0,
-        "implementations": [attention_label(i) for i in IMPL_ORDER if i in set(table["impl"])],
+        "implementations": [attention_label(i) for i in ATTENTION_ORDER if i in set(table["attention"])],
         "latency_table": to_markdown(display_table(table)),
         "speedup_over": {over: speedup_summary(table, over) for over in REFERENCES},
         "pass_speedups": {over: pass_speedups(table, over) for over in REFERENCES},

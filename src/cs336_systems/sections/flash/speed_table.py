@@ -31,7 +31,7 @@ def _shape(shape) -> str:
 
 def _measurements(record: dict) -> dict[tuple[str, tuple], dict]:
     """(implementation key, shape) -> its measurement, in an `ok` record."""
-    return {(m["impl"], tuple(m["shape"])): m for m in record["metrics"].get("measurements", [])}
+    return {(m["attention"], tuple(m["shape"])): m for m in record["metrics"].get("measurements", [])}
 
 
 def _base(target: Target, record: dict, shape) -> dict:

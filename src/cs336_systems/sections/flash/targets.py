@@ -44,7 +44,7 @@ SYMBOLS = {"<=": "≤", "<": "<", ">=": "≥"}
 
 
 @dataclass(frozen=True)
-class Impl:
+class AttentionRun:
     """An attention implementation of the registry, run as it is or under torch.compile."""
 
     name: str
@@ -87,10 +87,10 @@ class Target:
     key: str
     title: str
     group: str
-    ours: Impl
+    ours: AttentionRun
     op: str
     bound: float
-    reference: Impl | None = None
+    reference: AttentionRun | None = None
     stretch: bool = False
 
     @property
@@ -155,25 +155,25 @@ GROUPS: dict[str, Group] = {g.name: g for g in (
 
 TARGETS: tuple[Target, ...] = (
     Target("leaderboard_vs_sdpa_flash", "leaderboard forward+backward", "leaderboard",
-           Impl(OURS, compiled=True), "<=", 0.75, Impl("sdpa-flash", compiled=True)),
+           AttentionRun(OURS, compiled=True), "<=", 0.75, AttentionRun("sdpa-flash", compiled=True)),
     Target("leaderboard_vs_class_best", "leaderboard forward+backward, against the best 2025 "
-           "class entry (H100, quoted)", "leaderboard", Impl(OURS, compiled=True), "<",
+           "class entry (H100, quoted)", "leaderboard", AttentionRun(OURS, compiled=True), "<",
            CLASS_BEST_MS),
     Target("leaderboard_vs_sdpa_cudnn", "leaderboard forward+backward", "leaderboard",
-           Impl(OURS, compiled=True), "<=", 1.0, Impl("sdpa-cudnn", compiled=True),
+           AttentionRun(OURS, compiled=True), "<=", 1.0, AttentionRun("sdpa-cudnn", compiled=True),
            stretch=True),
-    Target("forward_vs_sdpa_flash", "forward alone", "forward", Impl(OURS), "<=", 1.0,
-           Impl("sdpa-flash")),
+    Target("forward_vs_sdpa_flash", "forward alone", "forward", AttentionRun(OURS), "<=", 1.0,
+           AttentionRun("sdpa-flash")),
     Target("sweep_vs_sdpa_flash", f"forward+backward, seq ≥ {SDPA_FLASH_FROM_SEQ}",
-           "sdpa_flash_sweep", Impl(OURS), "<=", 1.25, Impl("sdpa-flash")),
+           "sdpa_flash_sweep", AttentionRun(OURS), "<=", 1.25, AttentionRun("sdpa-flash")),
     Target("sweep_vs_eager", f"forward+backward, seq ≥ {PYTORCH_FROM_SEQ}", "pytorch_sweep",
-           Impl(OURS), "<", 1.0, Impl("eager")),
+           AttentionRun(OURS), "<", 1.0, AttentionRun("eager")),
     Target("sweep_vs_compiled", f"forward+backward, seq ≥ {PYTORCH_FROM_SEQ}", "pytorch_sweep",
-           Impl(OURS), "<", 1.0, Impl("eager", compiled=True)),
-    Target("no_oom", "longest sequence forward+backward runs", "longest", Impl(OURS), ">=",
+           AttentionRun(OURS), "<", 1.0, AttentionRun("eager", compiled=True)),
+    Target("no_oom", "longest sequence forward+backward runs", "longest", AttentionRun(OURS), ">=",
            LONGEST_SEQ),
     Target("cold_compile", "leaderboard: autotuning and compilation from empty Triton and "
-           "Inductor caches", "cold_compile", Impl(OURS, compiled=True), "<=", 600),
+           "Inductor caches", "cold_compile", AttentionRun(OURS, compiled=True), "<=", 600),
 )
 
 
@@ -181,9 +181,9 @@ def group_targets(group: str) -> list[Target]:
     return [t for t in TARGETS if t.group == group]
 
 
-def group_impls(group: str) -> list[Impl]:
+def group_runs(group: str) -> list[AttentionRun]:
     """Ours first, then each reference the group's targets name, once each, in order."""
-    impls: list[Impl] = []
+    impls: list[AttentionRun] = []
     for target in group_targets(group):
         for impl in (target.ours, target.reference):
             if impl is not None and impl not in impls:
@@ -205,4 +205,4 @@ def group_args(group: str, flash: dict) -> dict:
 
 def group_modules(group: str) -> list[str]:
     """The kernel modules the group's implementations import lazily (its rule's sources)."""
-    return sorted({m for impl in group_impls(group) for m in attention_modules(impl.name)})
+    return sorted({m for impl in group_runs(group) for m in attention_modules(impl.name)})

@@ -1,10 +1,10 @@
 """flash_benchmarking (assignment §4.4-4.5): latency of one attention implementation at one shape.
 
-    python -m cs336_systems.sections.flash.time_flash --impl flash-triton --seq 4096 --d 64 \
+    python -m cs336_systems.sections.flash.time_flash --attention flash-triton --seq 4096 --d 64 \
         --dtype bf16 --output r.json [--batch-size 16 --compile]   # the leaderboard adds these
 
 Times forward, backward and forward+backward with `triton.testing.do_bench` (median, ms).
-`--impl` names an implementation of the attention registry (`cs336_systems.lm.attention`):
+`--attention` names an implementation of the attention registry (`cs336_systems.lm.attention`):
 `flash-triton` (our FlashAttention-2 kernels), `flash-pytorch` (our tiled PyTorch version),
 `eager` (softmax(q k^T / sqrt(d)) v in plain PyTorch ops), `sdpa` (torch's
 scaled_dot_product_attention) and `sdpa-flash` / `sdpa-cudnn` (SDPA pinned to one backend; a
@@ -44,7 +44,7 @@ def attention_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.d
 
 def measure(config: dict, device: torch.device) -> dict:
     dtype = PRECISIONS[config["dtype"]]
-    triton_on_cpu = config["impl"] == "flash-triton" and device.type == "cpu"
+    triton_on_cpu = config["attention"] == "flash-triton" and device.type == "cpu"
     if triton_on_cpu and dtype == torch.bfloat16:
         raise Skip("Triton's CPU interpreter cannot run bf16 tl.dot (triton-lang/triton#11584)")
     if triton_on_cpu and config["compile"]:
@@ -53,9 +53,9 @@ def measure(config: dict, device: torch.device) -> dict:
     q, k, v, grad_o = attention_inputs((config["batch_size"], config["seq"], config["d"]), dtype,
                                        device)
     causal = config["causal"]
-    if reason := unavailable_reason(config["impl"], q, k, v, causal):
+    if reason := unavailable_reason(config["attention"], q, k, v, causal):
         raise Skip(reason)
-    attend = get_attention(config["impl"])
+    attend = get_attention(config["attention"])
     if config["compile"]:
         attend = torch.compile(attend)
 
@@ -97,7 +97,7 @@ def _measure_pass(name: str, run, device: torch.device) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--impl", required=True, choices=list(ATTENTION_IMPLEMENTATIONS))
+    parser.add_argument("--attention", required=True, choices=list(ATTENTION_IMPLEMENTATIONS))
     parser.add_argument("--seq", type=positive_int, required=True)
     parser.add_argument("--d", type=positive_int, required=True)
     parser.add_argument("--dtype", required=True, choices=list(PRECISIONS))

@@ -18,7 +18,7 @@ its shapes (batch x seq x d):
   value is the seconds from its start to its end.
 
 An out-of-memory ends only the measurement it happened in (status `oom`). The record's metrics
-hold one entry per (implementation, shape): `{"impl", "shape", "metric", "status", "value",
+hold one entry per (implementation, shape): `{"attention", "shape", "metric", "status", "value",
 "std", "rounds", "message"?}`. These are GPU timings: without CUDA the job records `skipped`.
 """
 
@@ -48,8 +48,8 @@ from cs336_systems.sections.flash import cold_compile
 from cs336_systems.sections.flash.targets import (
     GROUPS,
     OURS,
-    Impl,
-    group_impls,
+    AttentionRun,
+    group_runs,
     group_targets,
 )
 from cs336_systems.sections.flash.time_flash import attention_inputs
@@ -62,7 +62,7 @@ COLD_COMPILE_PATIENCE = 2
 
 # --- one implementation at one shape ---------------------------------------------------------
 
-def attend_fn(impl: Impl) -> Callable:
+def attend_fn(impl: AttentionRun) -> Callable:
     """The implementation's function, under torch.compile (static shapes) where `impl` says."""
     fn = get_attention(impl.name)
     return torch.compile(fn, dynamic=False) if impl.compiled else fn
@@ -76,11 +76,11 @@ def step_fn(attend: Callable, metric: str, inputs: tuple, causal: bool) -> Calla
     return lambda: attend(q, k, v, causal).backward(grad_o)
 
 
-def _entry(impl: Impl, shape: Shape, metric: str, status: str = "ok", **fields) -> dict:
-    return {"impl": impl.key, "shape": list(shape), "metric": metric, "status": status, **fields}
+def _entry(impl: AttentionRun, shape: Shape, metric: str, status: str = "ok", **fields) -> dict:
+    return {"attention": impl.key, "shape": list(shape), "metric": metric, "status": status, **fields}
 
 
-def _out_of_memory(impl: Impl, shape: Shape, metric: str, error: BaseException,
+def _out_of_memory(impl: AttentionRun, shape: Shape, metric: str, error: BaseException,
                    device: torch.device) -> dict:
     log.info("%s at %s: out of memory", impl.key, shape)
     if device.type == "cuda":
@@ -95,7 +95,7 @@ def _summary(rounds: list[float]) -> dict:
 
 # --- versus: ours and the references, interleaved --------------------------------------------
 
-def time_versus(shape: Shape, impls: list[Impl], metric: str, config: dict,
+def time_versus(shape: Shape, impls: list[AttentionRun], metric: str, config: dict,
                 device: torch.device) -> list[dict]:
     """Each implementation at one shape, in `rounds` interleaved rounds of `benchmark_ms`."""
     torch._dynamo.reset()  # each shape compiles afresh: no recompile limit, no dynamic shapes
@@ -116,7 +116,7 @@ def time_versus(shape: Shape, impls: list[Impl], metric: str, config: dict,
             if not is_out_of_memory(error):
                 raise
             done[impl] = _out_of_memory(impl, shape, metric, error, device)
-    rounds: dict[Impl, list[float]] = {impl: [] for impl in steps}
+    rounds: dict[AttentionRun, list[float]] = {impl: [] for impl in steps}
     for round_index in range(config["rounds"]):
         for impl, step in list(steps.items()):
             try:
@@ -135,7 +135,7 @@ def time_versus(shape: Shape, impls: list[Impl], metric: str, config: dict,
 
 def measure_versus(config: dict, device: torch.device) -> list[dict]:
     group = GROUPS[config["group"]]
-    impls = group_impls(group.name)
+    impls = group_runs(group.name)
     return [entry for shape in config["shapes"]
             for entry in time_versus(shape, impls, group.metric, config, device)]
 
@@ -147,7 +147,7 @@ def _forward_backward_runs(shape: Shape, config: dict, device: torch.device):
     of memory (whose tensors are freed when this returns)."""
     try:
         inputs = attention_inputs(shape, PRECISIONS[config["dtype"]], device)
-        step = step_fn(attend_fn(Impl(OURS)), "forward_backward_ms", inputs, config["causal"])
+        step = step_fn(attend_fn(AttentionRun(OURS)), "forward_backward_ms", inputs, config["causal"])
         step()
         synchronize(device)
         return step, inputs
@@ -161,7 +161,7 @@ def longest_run(shape: Shape, config: dict, device: torch.device) -> dict:
     """Our forward+backward at the shape's length, halved after each out-of-memory until one
     runs; the one that runs is timed too."""
     batch, seq, d = shape
-    impl, metric = Impl(OURS), GROUPS["longest"].metric
+    impl, metric = AttentionRun(OURS), GROUPS["longest"].metric
     tried = {}
     while seq >= 1:
         reset_peak(device)
@@ -187,7 +187,7 @@ def measure_cold_compile(config: dict, device: torch.device) -> list[dict]:
     """Seconds from starting a fresh process, whose Triton and Inductor caches are empty
     folders, to the end of its first compiled forward+backward of the shape."""
     (shape,) = config["shapes"]
-    impl, metric = Impl(OURS, compiled=True), GROUPS["cold_compile"].metric
+    impl, metric = AttentionRun(OURS, compiled=True), GROUPS["cold_compile"].metric
     (target,) = group_targets("cold_compile")
     timeout = COLD_COMPILE_PATIENCE * target.bound
     src = str(SRC_ROOT)

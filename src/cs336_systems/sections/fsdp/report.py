@@ -15,11 +15,11 @@ from __future__ import annotations
 import pandas as pd
 
 from cs336_systems.analysis.memory_model import analytic_peak, step_memory
-from cs336_systems.distributed.variants import FSDP_VARIANTS
+from cs336_systems.distributed.variants import FSDP_VARIANTS, TRAINING_PHASES
 from cs336_systems.measure.memory import GIB
 from cs336_systems.pipeline.records import read_record
 from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, not_ok, speedup
+from cs336_systems.report.facts import covered, not_ok, number, speedup
 from cs336_systems.report.tables import (
     ensure_columns,
     env_summary,
@@ -29,7 +29,7 @@ from cs336_systems.report.tables import (
     write_table,
 )
 
-PHASES = ["forward", "backward", "communicate", "optimizer", "step"]
+PHASES = [*TRAINING_PHASES, "step"]  # each phase, and the whole step
 METRICS = ([f"{p}_ms_{s}" for p in PHASES for s in ("mean", "std")]
            + ["peak_gib", "collective_busy_ms_per_step", "sharded_bytes", "replicated_bytes",
               "sharded_weights", "largest_sharded_bytes", "gather_uses_per_step",
@@ -43,9 +43,6 @@ SHAPE_KEYS = ("size", "context_length", "batch_size", "world_size")
 # the saved activations and logits belong to each rank's own rows of the batch.
 SHARDED_PARTS = ("weights", "gradients", "optimizer state", "optimizer temporary")
 
-
-def _float(value) -> float | None:
-    return None if value is None or pd.isna(value) else float(value)
 
 
 def label(variant: str, bucket_size_mb) -> str:
@@ -131,10 +128,10 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     def step(variant: str) -> tuple[float | None, float | None]:
         if variant not in ok.index:
             return None, None
-        return _float(ok.loc[variant, "step_ms_mean"]), _float(ok.loc[variant, "step_ms_std"])
+        return number(ok.loc[variant, "step_ms_mean"]), number(ok.loc[variant, "step_ms_std"])
 
     def peak(variant: str) -> float | None:
-        return _float(ok.loc[variant, "peak_gib_max"]) if variant in ok.index else None
+        return number(ok.loc[variant, "peak_gib_max"]) if variant in ok.index else None
 
     comparisons = {}
     for other in (REFERENCE, UNSHARDED):
@@ -174,7 +171,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     timing = None
     if not gathers.empty:
         row = ok.loc[OURS]
-        forward_ms = _float(row["forward_ms_mean"])
+        forward_ms = number(row["forward_ms_mean"])
         waited = gathers[~gathers["hidden"]].sort_values("wait_us", ascending=False)
         timing = {"uses": int(row["gather_uses_per_step"]), "hidden": int(row["gathers_hidden"]),
                   "profiled": int(row["gathers_profiled"]),

@@ -28,8 +28,8 @@ import torch
 from torch.profiler import schedule
 
 from cs336_systems.lm.attention import ATTENTION_PARTS, attention_part_flops
-from cs336_systems.lm.model import MODEL_SIZES, count_parameters, forward_flops
 from cs336_systems.lm.build import build_lm_step
+from cs336_systems.lm.model import MODEL_SIZES, count_parameters, forward_flops
 from cs336_systems.lm.step import STEP_RANGES
 from cs336_systems.measure.memory import peak_gib, reset_peak
 from cs336_systems.measure.profiling import (
