@@ -7,6 +7,8 @@ with the reference's): only a correct broadcast from rank 0 makes them agree.
 
 from __future__ import annotations
 
+import traceback
+
 import pytest
 import torch
 
@@ -69,8 +71,7 @@ def _wrap(variant: str, model: torch.nn.Module):
     return wrapped, wrapped.finish_gradient_synchronization
 
 
-def _train_worker(rank: int, world_size: int, out_dir: str, variant: str, device: str) -> None:
-    device = torch.device(device, rank) if device == "cuda" else torch.device(device)
+def _train(variant: str, rank: int, world_size: int, device: torch.device) -> dict:
     model, sync = _wrap(variant, build_model(seed_offset=rank).to(device))
     optimizer = make_optimizer(VARIANTS[variant][0], model.parameters())
     for tokens, targets in batches(STEPS):
@@ -84,10 +85,41 @@ def _train_worker(rank: int, world_size: int, out_dir: str, variant: str, device
         result = {**model.gather_full_params(), **dict(model.module.named_buffers())}
     else:
         result = state_of(getattr(model, "module", model))
-    save_result(out_dir, rank, {name: t.cpu() for name, t in result.items()})
+    return {name: t.cpu() for name, t in result.items()}
 
 
-def _check_against_reference(variant: str, results: list[dict], tolerance: dict) -> None:
+def _train_worker(rank: int, world_size: int, out_dir: str, variants: list[str],
+                  device: str) -> None:
+    """Every variant in turn on the same two ranks (one spawn for all: starting processes is
+    most of a run's time); a variant that raises leaves its traceback as its result."""
+    device = torch.device(device, rank) if device == "cuda" else torch.device(device)
+    results = {}
+    for variant in variants:
+        try:
+            results[variant] = _train(variant, rank, world_size, device)
+        except Exception:  # noqa: BLE001 - reported by that variant's test
+            results[variant] = traceback.format_exc()
+    save_result(out_dir, rank, results)
+
+
+def _results(out_dir, device: str, backend: str) -> dict[str, list]:
+    per_rank = run_on_ranks(_train_worker, out_dir, list(VARIANTS), device, backend=backend)
+    return {variant: [rank[variant] for rank in per_rank] for variant in VARIANTS}
+
+
+@pytest.fixture(scope="module")
+def cpu_results(tmp_path_factory) -> dict[str, list]:
+    return _results(tmp_path_factory.mktemp("training"), "cpu", "gloo")
+
+
+@pytest.fixture(scope="module")
+def gpu_results(tmp_path_factory) -> dict[str, list]:
+    return _results(tmp_path_factory.mktemp("training"), "cuda", "nccl")
+
+
+def _check_against_reference(variant: str, results: list, tolerance: dict) -> None:
+    for result in results:
+        assert isinstance(result, dict), f"{variant} raised on a rank:\n{result}"
     initial, expected = train_reference(VARIANTS[variant][0], STEPS)
     for rank, result in enumerate(results):
         assert result.keys() == expected.keys()
@@ -101,18 +133,17 @@ def _check_against_reference(variant: str, results: list[dict], tolerance: dict)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_data_parallel_training_matches_single_process(variant, tmp_path):
-    results = run_on_ranks(_train_worker, tmp_path, variant, "cpu")
-    _check_against_reference(variant, results, VARIANTS[variant][1])
+def test_data_parallel_training_matches_single_process(variant, cpu_results):
+    _check_against_reference(variant, cpu_results[variant], VARIANTS[variant][1])
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (nccl)")
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_data_parallel_training_on_gpus_with_nccl(variant, tmp_path):
+def test_data_parallel_training_on_gpus_with_nccl(variant, gpu_results):
     """The same runs on 2 GPUs; the reference stays on the CPU, hence a looser fp32 tolerance."""
-    results = run_on_ranks(_train_worker, tmp_path, variant, "cuda", backend="nccl")
     tolerance = VARIANTS[variant][1]
-    _check_against_reference(variant, results, GPU_FP32 if tolerance is FP32 else tolerance)
+    _check_against_reference(variant, gpu_results[variant],
+                             GPU_FP32 if tolerance is FP32 else tolerance)
 
 
 def test_ranks_really_start_from_different_weights():

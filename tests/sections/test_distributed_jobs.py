@@ -1,5 +1,5 @@
-"""The distributed experiments on CPUs (gloo, two ranks, the tiny model): the records they
-write carry what the distributed section reads, and the trace reading they rely on."""
+"""The distributed experiments on CPUs (gloo, two ranks, the tiny model), end to end through
+torchrun: the records they write carry what the distributed section reads."""
 
 import json
 
@@ -11,6 +11,9 @@ from cs336_systems.sections.distributed import time_ddp as ddp
 from cs336_systems.sections.distributed import (
     time_sharded_optimizer as sharded_optimizer,
 )
+
+# Each starts torchrun and its workers (seconds of process start-up): run with the pipeline's.
+pytestmark = pytest.mark.pipeline
 
 TINY = ["--size", "tiny", "--context-length", "16", "--batch-size", "4", "--world-size", "2",
         "--warmup-steps", "1", "--measure-steps", "2", "--device", "cpu"]
