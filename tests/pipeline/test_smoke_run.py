@@ -31,6 +31,11 @@ def smoke_run(tmp_path_factory) -> Path:
 def test_writeup_holds_the_benchmark_table_with_measured_numbers(smoke_run):
     text = (smoke_run / "report/writeup.md").read_text()
     assert "| preset | smoke |" in text and "| device | cpu |" in text
+    # where the run's time went: every measuring job of the run, by section
+    total = re.search(r"^\| all \| (\d+) \| [\d.]+ \| [\d.]+ \| \d+ \|$", text, re.M)
+    records = [p for p in (smoke_run / "results/smoke").rglob("*.json")
+               if "sections" not in p.parts and "status" in json.loads(p.read_text())]
+    assert total and int(total.group(1)) == len(records)
     assert "code commit of the measurements | test-copy" in text
     section = text[text.index("## 1.1 "):text.index("## 3 ")]
     rows = [line for line in section.splitlines() if line.startswith("| tiny ")]

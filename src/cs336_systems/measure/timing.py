@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from cs336_systems.measure import job_clock
+
 Phase = tuple[str, Callable[[], object]]
 
 log = logging.getLogger("cs336_systems")
@@ -71,6 +73,8 @@ def time_phases(phases: Sequence[Phase], device: torch.device | str, warmup_step
         raise ValueError(f"measure_steps must be >= 1, got {measure_steps}")
     times = StepTimes()
     for step in range(warmup_steps + measure_steps):
+        if step == warmup_steps:
+            job_clock.mark("warmed")  # the job's warm-up (compilation included) ends here
         bucket = times.warmup_ms if step < warmup_steps else times.measured_ms
         total = 0.0
         for name, fn in phases:

@@ -1,5 +1,6 @@
-"""What a Snakemake job runs: `workflow/scripts/job.py` calls the entry point its rule names in
-`params.job` with the `snakemake` object of Snakemake's script directive.
+"""What a Snakemake job runs: `workflow/scripts/job.py` turns the `snakemake` object of the script
+directive into a `Job` and calls `run(job)`, which runs the entry point its rule names in
+`params.job`:
 
     experiment       params.cli (a module with `main(argv)`) on params.args -> one record
     section_tables   a section's report module on its records -> tables, figures, facts JSON
@@ -7,9 +8,12 @@
     writeup          header, coverage table and the sections in order -> report/writeup.md
     archive          the preset's results, writeup, config and manifest -> one tarball
 
-Each job sends everything it prints, its children's output included, to its `log:` file.
-Imports are inside the functions, so an experiment job loads no report code and vice versa
-(beyond the package's `__init__`, which every job imports).
+`run` hands the job to the job server (`pipeline.jobserver`: a warm process that has imported
+torch and forks a child per job) unless CS336_JOBSERVER=0, and runs it in this process when
+there is none; either way the job runs in a process of its own. Each job sends everything it
+prints, its children's output included, to its `log:` file. Imports are inside the
+functions, so an experiment job loads no report code and vice versa, and importing this
+module loads no torch.
 """
 
 from __future__ import annotations
@@ -20,7 +24,99 @@ import sys
 import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from cs336_systems.measure import job_clock
+
+ENTRIES = ("experiment", "section_tables", "section_markdown", "writeup", "archive")
+
+
+class Files(list):
+    """A job's input, output or log paths as Snakemake gives them: a list in order, with the
+    named ones as attributes (a path, or a list where the rule gave a list) and `items()`."""
+
+    def __init__(self, paths=(), named=None):
+        super().__init__(paths)
+        self.named = dict(named or {})
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["named"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def items(self):
+        return self.named.items()
+
+    @classmethod
+    def of(cls, namedlist) -> Files:
+        """Snakemake's Namedlist as plain paths."""
+        return cls(map(str, namedlist), {name: value if isinstance(value, str) else
+                                         [str(v) for v in value]
+                                         for name, value in namedlist.items()})
+
+
+class Params(dict):
+    """A job's params: a dict, with attribute access as Snakemake's (`job.params.cli`)."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+@dataclass
+class Job:
+    """Everything an entry point reads of a Snakemake job, as plain JSON-able data."""
+
+    entry: str
+    params: Params = field(default_factory=Params)
+    input: Files = field(default_factory=Files)
+    output: Files = field(default_factory=Files)
+    log: Files = field(default_factory=Files)
+
+    def __post_init__(self):
+        self.params = Params(self.params)
+        if self.entry not in ENTRIES:
+            raise ValueError(f"unknown job entry {self.entry!r}; allowed: {', '.join(ENTRIES)}")
+
+    @classmethod
+    def from_snakemake(cls, smk) -> Job:
+        params = dict(smk.params.items())
+        return cls(params.pop("job"), params, Files.of(smk.input), Files.of(smk.output),
+                   Files.of(smk.log))
+
+    def to_dict(self) -> dict:
+        return {"entry": self.entry, "params": dict(self.params),
+                **{k: {"paths": list(v), "named": v.named}
+                   for k, v in (("input", self.input), ("output", self.output),
+                                ("log", self.log))}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Job:
+        files = {k: Files(data[k]["paths"], data[k]["named"]) for k in ("input", "output", "log")}
+        return cls(data["entry"], data["params"], **files)
+
+
+def run(job: Job) -> int:
+    """Run `job` through the job server, or here when there is none; its exit status."""
+    from cs336_systems.pipeline import jobserver
+
+    status = jobserver.submit(job)
+    if status is None:
+        return run_here(job)
+    return status
+
+
+def run_here(job: Job) -> int:
+    """Run `job` in this process: 0, or the status its entry point exits with."""
+    try:
+        globals()[job.entry](job)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    return 0
 
 
 @contextmanager
@@ -72,28 +168,34 @@ def _named(items) -> dict[str, list[str]]:
             for name, value in items.items()}
 
 
-def experiment(job) -> None:
+def experiment(job: Job) -> None:
     """One configuration: `python -m <params.cli> <params.args> --output <record>`."""
     argv = to_argv(dict(job.params.args)) + ["--output", str(job.output[0])]
     with log_to(job.log[0]):
         print(f"python -m {job.params.cli} {' '.join(argv)}", flush=True)
-        importlib.import_module(job.params.cli).main(argv)
+        module = importlib.import_module(job.params.cli)
+        job_clock.mark("imported")
+        module.main(argv)
 
 
-def section_tables(job) -> None:
+def section_tables(job: Job) -> None:
     """Run the report module of section `params.section` (`Section.report`) on the job's named
-    record inputs (everything but `code`) and write its facts to `output.facts`."""
+    record inputs (everything but `code`) and write its facts to `output.facts`, with the job
+    times of its records (`report.job_times`) for the writeup's header."""
     from cs336_systems.report.facts import write_facts
+    from cs336_systems.report.job_times import record_times
     from cs336_systems.sections import Section
 
     inputs = {k: v for k, v in _named(job.input).items() if k != "code"}
     outputs = {k: v[0] for k, v in _named(job.output).items() if k != "facts"}
     with log_to(job.log[0]):
-        facts = Section(job.params.section).report().build(inputs, dict(job.params.options), outputs)
+        facts = Section(job.params.section).report().build(inputs, dict(job.params.options),
+                                                           outputs)
+        facts["job_times"] = record_times(p for paths in inputs.values() for p in paths)
         write_facts(job.output.facts, facts)
 
 
-def section_markdown(job) -> None:
+def section_markdown(job: Job) -> None:
     from cs336_systems.report.render import render_section
 
     with log_to(job.log[0]):
@@ -101,7 +203,7 @@ def section_markdown(job) -> None:
                        link_base=job.params.link_base)
 
 
-def writeup(job) -> None:
+def writeup(job: Job) -> None:
     from cs336_systems.report.writeup import render_writeup
 
     with log_to(job.log[0]):
@@ -110,7 +212,7 @@ def writeup(job) -> None:
                        preset=job.params.preset)
 
 
-def archive(job) -> None:
+def archive(job: Job) -> None:
     from cs336_systems.pipeline.archive import write_archive
 
     with log_to(job.log[0]):

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from cs336_systems.measure import job_clock
+
 STATUSES = ("ok", "oom", "skipped", "error")
 
 log = logging.getLogger("cs336_systems")
@@ -141,11 +143,19 @@ def run_and_record(section: str, config: dict, output: str | Path,
     """
     configure_logging()
     log.info("%s: %s", section, json.dumps(config, default=str))
+    job_clock.begin_measurement()
     env_device: torch.device | str = "cpu"
     try:
         resolved = resolve_device(device)
         env_device = resolved
-        record = make_record(section, config, "ok", measure(resolved), environment(resolved))
+        if resolved.type == "cuda":
+            torch.cuda.init()  # here, so that the job's time says what CUDA's start-up cost
+        job_clock.mark("device")
+        try:
+            metrics = measure(resolved)
+        finally:
+            job_clock.mark("measured")
+        record = make_record(section, config, "ok", metrics, environment(resolved))
     except Skip as skip:
         record = make_record(section, config, "skipped", env=environment(env_device),
                              message=str(skip))
@@ -157,9 +167,16 @@ def run_and_record(section: str, config: dict, output: str | Path,
         message = str(error).splitlines()[0] if status == "oom" else traceback.format_exc()
         record = make_record(section, config, status, env=environment(env_device),
                              message=message)
+    job_clock.mark("written")
+    if (job_time := job_clock.breakdown()) is not None:
+        record["env"]["job_time"] = job_time
     write_json_atomic(output, record)
     log.info("%s: status %s%s -> %s", section, record["status"],
              f" ({record['message']})" if "message" in record else "", output)
+    if job_time is not None:
+        log.info("job time: start-up %.2f s (%s), measuring %.2f s", job_time["startup_s"],
+                 ", ".join(f"{k} {v:.2f}" for k, v in job_time["stages_s"].items()),
+                 job_time["measuring_s"])
     return record
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from cs336_systems.pipeline.records import git_commit, write_text_atomic
 from cs336_systems.report.coverage import coverage_rows
 from cs336_systems.report.facts import read_facts
+from cs336_systems.report.job_times import section_rows
 from cs336_systems.report.render import render
 
 ENV_ROWS = (("device", "device"), ("GPU", "gpu"), ("torch", "torch"), ("Triton", "triton"),
@@ -43,10 +44,13 @@ def render_writeup(sections: list[str], facts: list[str], template: str | Path,
                    output: str | Path, preset: str) -> None:
     """`facts` are results/<preset>/sections/<section>.json, beside the section markdowns."""
     all_facts = [read_facts(path) for path in facts]
+    times = section_rows([(Path(path).stem, f.get("job_times", {}))
+                          for path, f in zip(facts, all_facts)])
     text = render(template, {
         "preset": preset, "results_dir": Path(facts[0]).parent.parent.as_posix(),
         "header": header_rows(preset, all_facts),
         "coverage": coverage(all_facts),
+        "job_times": times,
         "sections": [Path(path).read_text().strip() for path in sections],
     })
     write_text_atomic(output, text)

@@ -1,0 +1,53 @@
+"""Where the run's time went, by section: each job's start-up and measuring seconds, read from
+its record (`env.job_time`, see `measure.job_clock`), added up for the writeup's header.
+
+Every `<section>_tables` job hands its records' times to its facts (`record_times`); the
+writeup counts each record once, in the first section (in writeup order) that reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def record_times(paths: Iterable[str]) -> dict[str, dict]:
+    """{record path: its job time} for the records among `paths` that carry one."""
+    times = {}
+    for path in paths:
+        if not str(path).endswith(".json"):
+            continue
+        try:
+            record = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+        job_time = record.get("env", {}).get("job_time") if isinstance(record, dict) else None
+        if job_time:
+            times[str(path)] = {"startup_s": job_time["startup_s"],
+                                "measuring_s": job_time["measuring_s"]}
+    return times
+
+
+def section_rows(sections: list[tuple[str, dict[str, dict]]]) -> dict:
+    """The header's table from [(section, its facts' record times)] in writeup order: per
+    section its jobs and their start-up and measuring seconds, each record counted once."""
+    seen: set[str] = set()
+    rows = []
+    for name, times in sections:
+        own = [t for path, t in times.items() if path not in seen]
+        seen |= set(times)
+        if own:
+            rows.append(_row(name, own))
+    unique = {path: t for _, times in sections for path, t in times.items()}
+    return {"rows": rows, "total": _row("all", list(unique.values())) if unique else None}
+
+
+def _row(name: str, times: list[dict]) -> dict:
+    startup = [t["startup_s"] for t in times]
+    measuring = sum(t["measuring_s"] for t in times)
+    return {"section": name, "jobs": len(times), "startup_s": sum(startup),
+            "measuring_s": measuring, "startup_median_s": statistics.median(startup),
+            "startup_share": sum(startup) / (sum(startup) + measuring)
+            if sum(startup) + measuring > 0 else None}
