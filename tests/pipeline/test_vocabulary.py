@@ -13,6 +13,7 @@ from cs336_systems.lm.attention import (
     get_attention,
 )
 from cs336_systems.lm.model import MODEL_SIZES
+from cs336_systems.lm.optimizer import OPTIMIZERS
 from cs336_systems.lm.precision import PRECISIONS
 from cs336_systems.lm.step import MODES
 from cs336_systems.sections.benchmark import time_step as benchmark
@@ -27,6 +28,7 @@ from cs336_systems.sections.memory import record_memory as memory
 from cs336_systems.sections.mixed_precision import run_study as mixed_precision
 from cs336_systems.sections.profile import profile_step as profile
 from cs336_systems.sections.residuals import count_saved as residuals
+from cs336_systems.sections.training.runs import RUNS
 from support.checkout import ROOT
 
 SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
@@ -41,6 +43,8 @@ SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text
     ("fsdp_variant", list(FSDP_VARIANTS)),
     ("backend", list(BACKENDS)),
     ("residuals_variant", list(residuals.VARIANTS)),
+    ("optimizer", list(OPTIMIZERS)),
+    ("training_run", list(RUNS)),
 ])
 def test_schema_enums_are_the_library_names(definition, names):
     assert SCHEMA["$defs"][definition]["enum"] == names
@@ -75,6 +79,8 @@ def _choices(module, dest: str) -> list[str]:
     (benchmark, "mode", list(MODES)),
     (benchmark, "precision", list(PRECISIONS)),
     (benchmark, "attention", list(ATTENTION_IMPLEMENTATIONS)),
+    (benchmark, "optimizer", list(OPTIMIZERS)),
+    (ddp, "optimizer", list(OPTIMIZERS)),
     (profile, "size", list(MODEL_SIZES)),
     (profile, "mode", list(MODES)),
     (profile, "precision", list(PRECISIONS)),

@@ -49,7 +49,8 @@ rule attention:
 
 rule benchmark_compiled:
     input:
-        sources("cs336_systems.sections.benchmark.time_step", *attention_modules(BENCH["attention"])),
+        lambda wildcards: step_sources("cs336_systems.sections.benchmark.time_step",
+                                       wildcards.mode, *attention_modules(BENCH["attention"])),
     output:
         COMPILED_RECORD,
     log:
@@ -66,7 +67,8 @@ rule benchmark_compiled:
         args=lambda wildcards: {**wildcards, "compile": True,
                                 "measure_steps": BENCH["measure_steps"],
                                 "batch_size": BENCH["batch_size"],
-                                "attention": BENCH["attention"], "device": DEVICE},
+                                "attention": BENCH["attention"], "device": DEVICE,
+                                **trains(wildcards.mode)},
     resources:
         **measuring_job(),
     script:

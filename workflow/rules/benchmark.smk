@@ -23,8 +23,9 @@ BENCH_RECORDS = sorted(
 
 rule benchmark:
     input:
-        # plus the kernels of an attention implementation that is imported lazily
-        sources("cs336_systems.sections.benchmark.time_step", *attention_modules(BENCH["attention"])),
+        # plus the kernels of an attention implementation and an optimizer imported lazily
+        lambda wildcards: step_sources("cs336_systems.sections.benchmark.time_step",
+                                       wildcards.mode, *attention_modules(BENCH["attention"])),
     output:
         BENCH_RECORD,
     log:
@@ -40,7 +41,8 @@ rule benchmark:
         cli="cs336_systems.sections.benchmark.time_step",
         args=lambda wildcards: {**wildcards, "measure_steps": BENCH["measure_steps"],
                                 "batch_size": BENCH["batch_size"],
-                                "attention": BENCH["attention"], "device": DEVICE},
+                                "attention": BENCH["attention"], "device": DEVICE,
+                                **trains(wildcards.mode)},
     resources:
         **measuring_job(),
     script:

@@ -10,6 +10,7 @@
 import os
 import re
 
+from cs336_systems.lm.optimizer import optimizer_modules
 from cs336_systems.pipeline.sources import module_sources
 
 PACKAGE = "src/cs336_systems"
@@ -21,6 +22,8 @@ LOGS = f"{RESULTS}/logs"
 JOB_SCRIPT = "../scripts/job.py"
 # Where single-device jobs run (config key `device`): cuda jobs record `skipped` without CUDA.
 DEVICE = P["device"]
+# The optimizer of every training job (config key `optimizer`, lm.optimizer.OPTIMIZERS).
+OPTIMIZER = P["optimizer"]
 # The full matrix (the config's defaults, the assignment's own): each section's report says
 # what of it the preset left out.
 ASSIGNMENT = config["defaults"]
@@ -30,6 +33,17 @@ def sources(*modules):
     """Source files whose change must redo a rule: the modules it runs and what they import."""
     return module_sources(*modules, src_root=Path(workflow.basedir) / "src",
                           relative_to=Path(workflow.basedir))
+
+
+def step_sources(cli, mode, *modules):
+    """The sources of a job running one LM step in `mode`: its CLI, the lazily imported
+    `modules` (an attention kernel's), and the optimizer's kernel where the step trains."""
+    return sources(cli, *modules, *(optimizer_modules(OPTIMIZER) if mode == "train-step" else []))
+
+
+def trains(mode):
+    """A job's optimizer argument: the preset's where it runs a train step, else none."""
+    return {"optimizer": OPTIMIZER} if mode == "train-step" else {}
 
 
 def one_of(values):

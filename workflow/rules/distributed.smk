@@ -64,7 +64,7 @@ rule allreduce:
 
 rule ddp:
     input:
-        sources("cs336_systems.sections.distributed.time_ddp"),
+        step_sources("cs336_systems.sections.distributed.time_ddp", "train-step"),
     output:
         DDP_RECORD,
     log:
@@ -85,7 +85,7 @@ rule ddp:
             **{key: DDP_CONFIG[key] for key in ("context_length", "batch_size", "world_size",
                                                 "warmup_steps", "measure_steps")},
             "trace": f"{RESULTS}/ddp/{wildcards.size}/{wildcards.variant}.trace.json.gz",
-            "device": DEVICE,
+            "device": DEVICE, **trains("train-step"),
         },
     threads: DDP_CONFIG["world_size"]
     resources:
@@ -96,7 +96,7 @@ rule ddp:
 
 rule sharded_optimizer:
     input:
-        sources("cs336_systems.sections.distributed.time_sharded_optimizer"),
+        step_sources("cs336_systems.sections.distributed.time_sharded_optimizer", "train-step"),
     output:
         SHARDED_RECORD,
     log:
@@ -111,7 +111,7 @@ rule sharded_optimizer:
             **{key: SHARDED_CONFIG[key] for key in ("size", "context_length", "batch_size",
                                                     "world_size", "warmup_steps",
                                                     "measure_steps")},
-            "device": DEVICE,
+            "device": DEVICE, **trains("train-step"),
         },
     threads: SHARDED_CONFIG["world_size"]
     resources:

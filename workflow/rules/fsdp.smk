@@ -15,7 +15,7 @@ FSDP_GPUS = 0 if DEVICE == "cpu" else FSDP_CONFIG["world_size"]
 
 rule fsdp:
     input:
-        sources("cs336_systems.sections.fsdp.time_fsdp"),
+        step_sources("cs336_systems.sections.fsdp.time_fsdp", "train-step"),
     output:
         FSDP_RECORD,
     log:
@@ -34,7 +34,7 @@ rule fsdp:
                                                  "world_size", "compute_dtype", "warmup_steps",
                                                  "measure_steps")},
             "trace": f"{RESULTS}/fsdp/{wildcards.run}.trace.json.gz",
-            "device": DEVICE,
+            "device": DEVICE, **trains("train-step"),
         },
     threads: FSDP_CONFIG["world_size"]
     resources:

@@ -18,7 +18,8 @@ MEM_MODE_KEYS = [mode.replace("-", "_") for mode in MEM["modes"]]
 
 rule memory:
     input:
-        sources("cs336_systems.sections.memory.record_memory"),
+        lambda wildcards: step_sources("cs336_systems.sections.memory.record_memory",
+                                       wildcards.mode),
     output:
         MEM_RECORD,
     log:
@@ -34,7 +35,8 @@ rule memory:
         args=lambda wildcards: {**wildcards, "batch_size": MEM["batch_size"],
                                 "warmup_steps": MEM["warmup_steps"],
                                 "measure_steps": MEM["measure_steps"],
-                                "max_entries": MEM["max_entries"], "device": DEVICE},
+                                "max_entries": MEM["max_entries"], "device": DEVICE,
+                                **trains(wildcards.mode)},
     resources:
         **measuring_job(),
     script:

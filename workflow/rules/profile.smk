@@ -14,7 +14,8 @@ PROF_CONFIGS = dict(size=PROF["sizes"], context_length=PROF["context_lengths"],
 
 rule profile:
     input:
-        sources("cs336_systems.sections.profile.profile_step", *attention_modules(PROF["attention"])),
+        lambda wildcards: step_sources("cs336_systems.sections.profile.profile_step",
+                                       wildcards.mode, *attention_modules(PROF["attention"])),
     output:
         PROF_RECORD,
     log:
@@ -31,7 +32,8 @@ rule profile:
         args=lambda wildcards: {**wildcards, "batch_size": PROF["batch_size"],
                                 "warmup_steps": PROF["warmup_steps"],
                                 "measure_steps": PROF["measure_steps"],
-                                "attention": PROF["attention"], "device": DEVICE},
+                                "attention": PROF["attention"], "device": DEVICE,
+                                **trains(wildcards.mode)},
     resources:
         **measuring_job(),
     script:

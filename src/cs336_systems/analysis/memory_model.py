@@ -76,8 +76,8 @@ def head_residuals(spec: ModelSize, batch: int, seq: int, vocab: int = VOCAB_SIZ
             "targets (gather index)": n * INT64, "token ids (embedding index)": n * INT64}
 
 
-def step_memory(size: str, batch: int, seq: int, mode: str,
-                vocab: int = VOCAB_SIZE) -> dict[str, int]:
+def step_memory(size: str, batch: int, seq: int, mode: str, vocab: int = VOCAB_SIZE,
+                optimizer: str = "adamw") -> dict[str, int]:
     """Bytes each kind of tensor takes during a step in `mode`, fp32 (what the analytic peak
     adds up):
 
@@ -86,7 +86,8 @@ def step_memory(size: str, batch: int, seq: int, mode: str,
     gradients          one per parameter (forward-backward and train-step), at the end of backward
     saved activations  every block's residuals plus the head's, at the end of the forward
     logits             the forward's largest single output (also in inference)
-    optimizer temporary  AdamW's sqrt(v) of every parameter at once (`_foreach_sqrt`)
+    optimizer temporary  AdamW's sqrt(v) of every parameter at once (`_foreach_sqrt`): the
+                       written-out `adamw` only; the fused ones (`OPTIMIZERS`) have none
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
@@ -99,7 +100,9 @@ def step_memory(size: str, batch: int, seq: int, mode: str,
         head_residuals(spec, batch, seq, vocab).values())
     out.update({"gradients": weights, "saved activations": saved})
     if mode == "train-step":
-        out.update({"optimizer state": 2 * weights, "optimizer temporary": weights})
+        out["optimizer state"] = 2 * weights
+        if optimizer == "adamw":
+            out["optimizer temporary"] = weights
     return out
 
 

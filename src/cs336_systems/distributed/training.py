@@ -23,7 +23,7 @@ from cs336_systems.distributed.naive import (
 )
 from cs336_systems.distributed.variants import TRAINING_PHASES
 from cs336_systems.lm.loss import cross_entropy
-from cs336_systems.lm.optimizer import AdamW
+from cs336_systems.lm.optimizer import build_optimizer
 from cs336_systems.lm.precision import PRECISIONS
 from cs336_systems.lm.step import random_batch
 
@@ -71,10 +71,11 @@ def wrap_fsdp(model: nn.Module, config: dict, device: torch.device) -> nn.Module
 
 def training_phases(model: torch.nn.Module, config: dict, rank: int, world_size: int,
                     device: torch.device, communicate, autocast=None) -> list:
-    """The phases of one data-parallel training step of `model` (AdamW; this rank's rows of
+    """The phases of one data-parallel training step of `model` (AdamW, the kind
+    `config["optimizer"]` names, ours written out by default; this rank's rows of
     the batch): forward (under `autocast` if given) with the loss, backward, `communicate`, and
     the optimizer's step."""
-    optimizer = AdamW(model.parameters(), lr=1e-4)
+    optimizer = build_optimizer(config.get("optimizer", "adamw"), model.parameters())
     token_ids, targets = random_batch(config["batch_size"], config["context_length"], device,
                                       config["seed"], rank, world_size)
     state = {}

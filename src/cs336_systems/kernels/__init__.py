@@ -1,14 +1,20 @@
-"""Kernels: FlashAttention-2 in PyTorch and Triton, and the Triton weighted sum.
+"""Kernels: FlashAttention-2 in PyTorch and Triton, the fused AdamW, the Triton weighted sum.
 
 The names below are imported on first use: `kernels.checks` (shape checks) loads no Triton.
+On a machine without CUDA, importing this package sets TRITON_INTERPRET=1 (unless set), so that
+every kernel module, imported after it, runs in Triton's interpreter.
 """
 
+from cs336_systems.kernels.checks import interpret_without_cuda
 from cs336_systems.lazy import lazy_exports
+
+interpret_without_cuda()
 
 EXPORTS = {
     "FlashAttentionPytorch": "cs336_systems.kernels.flash_pytorch",
     "FlashAttentionTriton": "cs336_systems.kernels.flash_triton",
     "FlashAttentionTritonTorchBackward": "cs336_systems.kernels.flash_triton",
+    "FusedAdamW": "cs336_systems.kernels.adamw",
     "WeightedSumFn": "cs336_systems.kernels.weighted_sum",
     "weighted_sum": "cs336_systems.kernels.weighted_sum",
 }

@@ -10,6 +10,13 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256  # the widest head whose tiles the Triton kernels hold
 
 
+def interpret_without_cuda() -> None:
+    """On a machine without CUDA, run the Triton kernels in Triton's interpreter: a job calls
+    this before anything imports triton (the variable is read when kernels are defined)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -14,15 +14,15 @@ import torch
 from torch import nn
 
 from cs336_systems.lm.model import build_model
-from cs336_systems.lm.optimizer import AdamW
+from cs336_systems.lm.optimizer import build_optimizer
 from cs336_systems.lm.step import lm_step_phases, random_batch
 from cs336_systems.measure.timing import Phase
 
 
 def build_lm_step(config: Mapping, device: torch.device) -> tuple[nn.Module, list[Phase]]:
     """The model and the phases of one step: keys size, context_length, attention, batch_size,
-    mode, precision, seed, and optionally checkpoint_block_size (see `TransformerLM`) and
-    compile (`torch.compile` the model; it compiles on the first step)."""
+    mode, precision, seed, and optionally checkpoint_block_size (see `TransformerLM`),
+    optimizer (a name of `OPTIMIZERS`, for train-step; AdamW by default) and compile (`torch.compile` the model; it compiles on the first step)."""
     torch.manual_seed(config["seed"])
     model = build_model(config["size"], config["context_length"],
                         attention=config["attention"],
@@ -31,6 +31,7 @@ def build_lm_step(config: Mapping, device: torch.device) -> tuple[nn.Module, lis
         model = torch.compile(model)
     token_ids, targets = random_batch(config["batch_size"], config["context_length"], device,
                                       config["seed"])
-    optimizer = AdamW(model.parameters(), lr=1e-4) if config["mode"] == "train-step" else None
+    optimizer = (build_optimizer(config.get("optimizer") or "adamw", model.parameters())
+                 if config["mode"] == "train-step" else None)
     return model, lm_step_phases(model, token_ids, targets, config["mode"],
                                  config["precision"], optimizer)

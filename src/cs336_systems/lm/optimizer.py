@@ -7,13 +7,17 @@ For each parameter p with gradient g, at step t:
     p <- p - lr / (1 - beta1^t) * m / (sqrt(v / (1 - beta2^t)) + eps)
 
 The update runs as multi-tensor (`torch._foreach_*`) operations over each parameter group, so
-a 2.7B-parameter model costs a handful of kernel launches per step rather than one per tensor.
+a 2.7B-parameter model costs a handful of kernel launches per step rather than one per tensor;
+it is the readable definition. `OPTIMIZERS` names the ones a training job can take: this one,
+the same update fused into one Triton pass (`kernels/adamw.py`), and torch's fused AdamW.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -42,15 +46,20 @@ class AdamW(torch.optim.Optimizer):
                 self._update_group(group, params)
         return loss
 
+    def _stepped_state(self, p: Tensor) -> dict:
+        """`p`'s state, created at its first step (both moments zero), its step counted."""
+        state = self.state[p]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        state["step"] += 1
+        return state
+
     def _update_group(self, group: dict, params: list[Tensor]) -> None:
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         for p in params:
-            state = self.state[p]
-            if not state:
-                state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["step"] += 1
+            self._stepped_state(p)
         # Parameters of one group share a step count unless added mid-training; group by it.
         by_step: dict[int, list[Tensor]] = {}
         for p in params:
@@ -70,3 +79,55 @@ class AdamW(torch.optim.Optimizer):
             torch._foreach_div_(denom, math.sqrt(bias_correction2))
             torch._foreach_add_(denom, eps)
             torch._foreach_addcdiv_(ps, exp_avgs, denom, value=-lr / bias_correction1)
+
+
+@dataclass(frozen=True)
+class OptimizerChoice:
+    """One optimizer of the registry: how to build it, its label in tables, and the kernel
+    module it imports lazily (which a rule running it lists as a source)."""
+
+    cls: Callable[[], Callable[..., torch.optim.Optimizer]]
+    label: str
+    kernel_module: str | None = None
+
+
+def _fused_adamw() -> Callable[..., torch.optim.Optimizer]:
+    from cs336_systems.kernels.adamw import FusedAdamW  # Triton only when used
+    return FusedAdamW
+
+
+# The optimizers a training job can take (config key `optimizer`), all AdamW with the same
+# hyperparameters: ours written out, ours fused in Triton, and torch's fused CUDA kernel.
+OPTIMIZERS: dict[str, OptimizerChoice] = {
+    "adamw": OptimizerChoice(lambda: AdamW, "AdamW (foreach)"),
+    "adamw-fused": OptimizerChoice(_fused_adamw, "AdamW (fused Triton)",
+                                   "cs336_systems.kernels.adamw"),
+    "torch-adamw-fused": OptimizerChoice(lambda: partial(torch.optim.AdamW, fused=True),
+                                         "torch AdamW (fused)"),
+}
+
+
+def _choice(name: str) -> OptimizerChoice:
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[name]
+
+
+def optimizer_class(name: str) -> Callable[..., torch.optim.Optimizer]:
+    """What builds optimizer `name`: call it as `(params, lr=..., weight_decay=...)`."""
+    return _choice(name).cls()
+
+
+def build_optimizer(name: str, params: Iterable, lr: float = 1e-4, **hyperparameters
+                    ) -> torch.optim.Optimizer:
+    return optimizer_class(name)(params, lr=lr, **hyperparameters)
+
+
+def optimizer_label(name: str) -> str:
+    return OPTIMIZERS[name].label if name in OPTIMIZERS else name
+
+
+def optimizer_modules(name: str) -> list[str]:
+    """Package modules a job running `name` imports lazily, for its rule's source inputs."""
+    module = _choice(name).kernel_module
+    return [module] if module else []

@@ -95,6 +95,23 @@ def time_phases(phases: Sequence[Phase], device: torch.device | str, warmup_step
     return times
 
 
+def time_back_to_back(phases: Sequence[Phase], device: torch.device | str, steps: int,
+                      repeats: int = 3) -> list[float]:
+    """Milliseconds per step of `steps` whole steps run back to back, synchronising only
+    before and after them, once per repeat: what a training loop costs, the host's work
+    overlapping the device's (`time_phases` synchronises after every phase to time each)."""
+    per_step = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = timeit.default_timer()
+        for _ in range(steps):
+            for _, fn in phases:
+                fn()
+        synchronize(device)
+        per_step.append((timeit.default_timer() - start) * 1e3 / steps)
+    return per_step
+
+
 def time_callable(fn: Callable[[], object], device: torch.device | str, warmup_steps: int,
                   measure_steps: int, name: str = "call") -> StepTimes:
     return time_phases([(name, fn)], device, warmup_steps, measure_steps, total_name=None)

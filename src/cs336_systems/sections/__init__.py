@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 SECTIONS: tuple[str, ...] = ("benchmark", "profile", "mixed_precision", "memory", "residuals",
-                             "checkpointing", "attention", "flash", "distributed", "fsdp",
-                             "parallelism")
+                             "checkpointing", "attention", "flash", "training", "distributed",
+                             "fsdp", "parallelism")
 
 HERE = Path(__file__).resolve().parent
 

@@ -35,7 +35,7 @@ from cs336_systems.distributed import (
 from cs336_systems.distributed.launch import backend_for
 from cs336_systems.lm.loss import cross_entropy
 from cs336_systems.lm.model import MODEL_SIZES, build_model
-from cs336_systems.lm.optimizer import AdamW
+from cs336_systems.lm.optimizer import OPTIMIZERS, optimizer_class
 from cs336_systems.lm.step import random_batch
 from cs336_systems.measure.memory import (
     GIB,
@@ -68,10 +68,11 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
     torch.manual_seed(config["seed"])
     model = build_model(config["size"], config["context_length"], device=device)
     broadcast_parameters(model)
+    optimizer_cls = optimizer_class(config["optimizer"])
     if config["sharded"]:
-        optimizer = ShardedOptimizer(model.parameters(), AdamW, lr=1e-4)
+        optimizer = ShardedOptimizer(model.parameters(), optimizer_cls, lr=1e-4)
     else:
-        optimizer = AdamW(model.parameters(), lr=1e-4)
+        optimizer = optimizer_cls(model.parameters(), lr=1e-4)
     # per window: its peak and the allocation at its end, one reading per step
     memory = {"peak_gib_init": [peak_gib(device)],
               "allocated_gib_after_init": [allocated_gib(device)],
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--world-size", type=positive_int, default=2)
     parser.add_argument("--warmup-steps", type=non_negative_int, default=2)
     parser.add_argument("--measure-steps", type=positive_int, default=5)
+    parser.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZERS))
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     if args.batch_size % args.world_size:
@@ -138,8 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     backend = backend_for(args.device)
     config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
     config["backend"] = backend
-    launch_or_work("cs336_systems.sections.distributed.time_sharded_optimizer", "sharded_optimizer", config,
-                   args.output, work, args.world_size, backend,
+    launch_or_work("cs336_systems.sections.distributed.time_sharded_optimizer",
+                   "sharded_optimizer", config, args.output, work, args.world_size, backend,
                    sys.argv[1:] if argv is None else argv)
 
 

@@ -9,30 +9,27 @@ Times forward, backward and forward+backward with `triton.testing.do_bench` (med
 `eager` (softmax(q k^T / sqrt(d)) v in plain PyTorch ops), `sdpa` (torch's
 scaled_dot_product_attention) and `sdpa-flash` / `sdpa-cudnn` (SDPA pinned to one backend; a
 backend that cannot run the inputs here records `skipped` with SDPA's reason). On a CPU the
-Triton kernels run under TRITON_INTERPRET=1, which this CLI sets when no CUDA device is present.
+Triton kernels run under TRITON_INTERPRET=1, which `cs336_systems.kernels` sets where
+there is no CUDA device.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 
-if not torch.cuda.is_available():  # before anything imports triton
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from cs336_systems.kernels.checks import MAX_HEAD_DIM  # noqa: E402
-from cs336_systems.lm.attention import (  # noqa: E402
+from cs336_systems.kernels.checks import MAX_HEAD_DIM  # on a CPU: TRITON_INTERPRET=1
+from cs336_systems.lm.attention import (
     ATTENTION_IMPLEMENTATIONS,
     get_attention,
     unavailable_reason,
 )
 from cs336_systems.lm.precision import PRECISIONS
-from cs336_systems.measure.memory import peak_gib  # noqa: E402
-from cs336_systems.measure.timing import benchmark_ms  # noqa: E402
-from cs336_systems.pipeline.cli import add_common_arguments, positive_int  # noqa: E402
-from cs336_systems.pipeline.records import Skip, run_and_record  # noqa: E402
+from cs336_systems.measure.memory import peak_gib
+from cs336_systems.measure.timing import benchmark_ms
+from cs336_systems.pipeline.cli import add_common_arguments, positive_int
+from cs336_systems.pipeline.records import Skip, run_and_record
 
 
 def attention_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device

@@ -50,13 +50,15 @@ def label(variant: str, bucket_size_mb) -> str:
 
 
 def expected_peaks(size: str, batch_size: int, context_length: int, world_size: int,
-                   sharded_bytes: float, replicated_bytes: float) -> dict:
+                   sharded_bytes: float, replicated_bytes: float,
+                   optimizer: str = "adamw") -> dict:
     """The analytic per-rank peak of a training step (`memory_model`, fp32, each rank's
     batch_size / world_size rows) unsharded, as DDP holds it, and with FSDP's sharding: every
     part that scales with the parameters keeps the replicated share whole and 1 / world_size of
     the sharded share. The gathered weights and the reduce-scatter window (a few layers' worth)
     are left out; they are the model's error."""
-    parts = step_memory(size, batch_size // world_size, context_length, "train-step")
+    parts = step_memory(size, batch_size // world_size, context_length, "train-step",
+                        optimizer=optimizer)
     share = (replicated_bytes + sharded_bytes / world_size) / (replicated_bytes + sharded_bytes)
     sharded = {k: v * share if k in SHARDED_PARTS else v for k, v in parts.items()}
     unsharded_peak, sharded_peak = analytic_peak(parts), analytic_peak(sharded)
@@ -149,7 +151,9 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         row = ok.loc[OURS]
         expected = expected_peaks(shape["size"], int(shape["batch_size"]),
                                   int(shape["context_length"]), int(shape["world_size"]),
-                                  float(row["sharded_bytes"]), float(row["replicated_bytes"]))
+                                  float(row["sharded_bytes"]), float(row["replicated_bytes"]),
+                                  row.get("optimizer") if isinstance(row.get("optimizer"), str)
+                                  else "adamw")  # records from before the choice: AdamW
         total = float(row["sharded_bytes"] + row["replicated_bytes"])
         measured = {other: peak(other) - peak(OURS) if peak(other) and peak(OURS) else None
                     for other in (UNSHARDED, REFERENCE)}

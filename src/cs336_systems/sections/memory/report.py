@@ -59,9 +59,10 @@ def gib_text(value: float) -> str:
 
 # --- reading ---------------------------------------------------------------------------------
 
-def analytic(size: str, batch: int, context: int, mode: str) -> dict:
-    """The analytic model of one configuration (fp32): its parts and peak in GiB."""
-    parts = step_memory(size, batch, context, mode)
+def analytic(size: str, batch: int, context: int, mode: str, optimizer: str = "adamw") -> dict:
+    """The analytic model of one configuration (fp32, with the optimizer its record names):
+    its parts and peak in GiB."""
+    parts = step_memory(size, batch, context, mode, optimizer=optimizer)
     peak = analytic_peak(parts)
     return {"parts_gib": {k: gib(v) for k, v in parts.items()}, "analytic_gib": gib(peak["bytes"]),
             "analytic_stage": peak["stage"],
@@ -78,8 +79,10 @@ def peak_frame(paths: list[str]) -> pd.DataFrame:
         "parameters", "step_ms_mean", "step_ms_std", "timeline_file", "snapshot_file",
         "html_file", "trace_full"])
     frame["record"] = [str(p) for p in paths]
-    models = [analytic(r["size"], r["batch_size"], r["context_length"], r["mode"])
-              for _, r in frame.iterrows()]
+    frame["optimizer"] = frame.get("optimizer", pd.Series(index=frame.index, dtype=object)
+                                   ).fillna("adamw")  # records from before the choice: AdamW
+    models = [analytic(r["size"], r["batch_size"], r["context_length"], r["mode"],
+                       r["optimizer"]) for _, r in frame.iterrows()]
     for key in ("analytic_gib", "analytic_stage", "analytic_resident_gib",
                 "parameter_shaped_gib"):
         frame[key] = [m[key] for m in models]
@@ -251,10 +254,11 @@ def change_word(ratios: list[float]) -> str:
 def model_table(frame: pd.DataFrame) -> str:
     """The analytic model's parts and peak (fp32) for every configured size, mode and context."""
     rows = []
-    for (size, mode, context, batch), _ in frame.groupby(
-            ["size", "mode", "context_length", "batch_size"], sort=False):
-        model = analytic(size, batch, context, mode)
+    for (size, mode, context, batch, optimizer), _ in frame.groupby(
+            ["size", "mode", "context_length", "batch_size", "optimizer"], sort=False):
+        model = analytic(size, batch, context, mode, optimizer)
         rows.append({"size": size, "mode": mode, "context": context,
+                     "optimizer": optimizer if mode == "train-step" else "",
                      **{f"{part} GiB": gib_text(model["parts_gib"][part])
                         if part in model["parts_gib"] else "" for part in MODEL_PARTS},
                      "peak GiB": gib_text(model["analytic_gib"]),

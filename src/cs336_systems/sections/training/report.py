@@ -1,0 +1,196 @@
+"""A training step against stock parts: the optimizer's step alone beside the bandwidth floor and
+torch's fused AdamW, and whole training steps of ours beside the stock model and optimizer,
+each ratio against a reference from the same process (the optimizer) or the same job matrix
+(the steps), with its spread.
+
+`build(records, options, outputs)` reads two record groups: `optimizer` (one per size: every
+optimizer timed in one process, `time_optimizer.py`) and `training` (one per size and run,
+`time_training.py`), and writes `optimizer_table` and `training_table`.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from cs336_systems.lm.model import MODEL_SIZES
+from cs336_systems.lm.optimizer import optimizer_label
+from cs336_systems.pipeline.records import read_record
+from cs336_systems.report.facts import not_ok, number, speedup
+from cs336_systems.report.tables import (
+    ensure_columns,
+    env_summary,
+    records_frame,
+    to_markdown,
+    write_table,
+)
+from cs336_systems.sections.training.runs import RUNS
+
+SIZE_ORDER = {name: i for i, name in enumerate(MODEL_SIZES)}
+TORCH_FUSED = "torch-adamw-fused"   # the optimizer the fused one is held against
+OURS_FUSED = "adamw-fused"
+HF = "hf-llama-compiled"            # the stock model, compiled
+STOCK = "stock-compiled"            # our model with stock parts, compiled
+PHASES = ("forward", "backward", "optimizer", "step")
+
+
+# --- the optimizer alone -------------------------------------------------------------------
+
+def optimizer_rows(paths: list[str]) -> pd.DataFrame:
+    """One row per (size, optimizer), the size's floor beside it."""
+    rows = []
+    for path in paths:
+        record = read_record(path)
+        config, metrics = record["config"], record["metrics"]
+        base = {"size": config["size"], "record_status": record["status"],
+                "message": record.get("message", ""), "floor_ms": metrics.get("floor_ms"),
+                "copy_gbps": metrics.get("copy_gbps"), "parameters": metrics.get("parameters"),
+                "gpu": record["env"].get("gpu"), "git": record["env"].get("git")}
+        if record["status"] != "ok":
+            rows.append({**base, "optimizer": None, "status": record["status"]})
+            continue
+        for entry in metrics["optimizers"]:
+            rounds = entry.get("rounds_ms") or []
+            rows.append({**base, **{k: v for k, v in entry.items() if k != "rounds_ms"},
+                         "ms_mean": statistics.fmean(rounds) if rounds else None,
+                         "ms_std": statistics.stdev(rounds) if len(rounds) > 1 else None})
+    frame = ensure_columns(pd.DataFrame(rows), ["optimizer", "status", "ms_median", "ms_min",
+                                                "ms_max", "ms_mean", "ms_std", "extra_gib",
+                                                "floor_ms", "copy_gbps", "message"])
+    if frame.empty:
+        return frame
+    frame["size_rank"] = frame["size"].map(SIZE_ORDER)
+    return frame.sort_values(["size_rank"], kind="stable").drop(columns="size_rank")
+
+
+def _spread(median, low, high, digits=2) -> str:
+    if median is None or pd.isna(median):
+        return ""
+    return f"{median:.{digits}f} [{low:.{digits}f}–{high:.{digits}f}]"
+
+
+def optimizer_facts(frame: pd.DataFrame) -> list[dict]:
+    out = []
+    for size, group in frame.groupby("size", sort=False):
+        ok = group[group["status"] == "ok"].set_index("optimizer")
+        floor = number(group["floor_ms"].iloc[0])
+        shown = pd.DataFrame({
+            "optimizer": [optimizer_label(o) for o in ok.index],
+            "step ms (median [min–max] of rounds)": [
+                _spread(r.ms_median, r.ms_min, r.ms_max) for r in ok.itertuples()],
+            "x floor": [r.ms_median / floor if floor else None for r in ok.itertuples()],
+            f"x {optimizer_label(TORCH_FUSED)}": [
+                r.ms_median / ok.loc[TORCH_FUSED, "ms_median"] if TORCH_FUSED in ok.index
+                else None for r in ok.itertuples()],
+            "extra GiB during the step": list(ok["extra_gib"])})
+        fused = None
+        if {OURS_FUSED, TORCH_FUSED} <= set(ok.index):
+            a, b = ok.loc[OURS_FUSED], ok.loc[TORCH_FUSED]
+            fused = {"vs_torch": speedup(a["ms_mean"], b["ms_mean"], a["ms_std"], b["ms_std"]),
+                     "ms": number(a["ms_median"]), "torch_ms": number(b["ms_median"]),
+                     "ratio_to_torch": number(a["ms_median"] / b["ms_median"]),
+                     "ratio_to_floor": number(a["ms_median"] / floor) if floor else None,
+                     "extra_gib": number(a["extra_gib"])}
+        reference = ok.loc["adamw"] if "adamw" in ok.index else None
+        out.append({"size": size, "parameters": number(group["parameters"].iloc[0]),
+                    "floor_ms": floor, "copy_gbps": number(group["copy_gbps"].iloc[0]),
+                    "table": to_markdown(shown) if len(shown) else "_(no optimizer measured)_",
+                    "fused": fused,
+                    "written_out_extra_gib": number(reference["extra_gib"])
+                    if reference is not None else None,
+                    "not_measured": not_ok(group.assign(optimizer=group["optimizer"].fillna(
+                        "all")), ["optimizer"])})
+    return out
+
+
+# --- whole training steps --------------------------------------------------------------------
+
+STATS = ("mean", "std", "median", "min", "max")
+
+
+def training_frame(paths: list[str]) -> pd.DataFrame:
+    """One row per run: its phases (each timed on its own) and `ms_*`, the step time of whole
+    steps run back to back (`loop_step_ms_*`), which the comparisons use."""
+    metrics = [f"{p}_ms_{s}" for p in (*PHASES, "loop_step") for s in STATS]
+    frame = ensure_columns(records_frame(paths), ["message", "peak_gib", "matmul_tflops",
+                                                  "model_flops", *metrics])
+    if frame.empty:
+        return frame
+    for stat in STATS:
+        frame[f"ms_{stat}"] = frame[f"loop_step_ms_{stat}"]
+    frame["label"] = [RUNS[r].label if r in RUNS else r for r in frame["run"]]
+    frame["stock"] = [RUNS[r].stock if r in RUNS else False for r in frame["run"]]
+    frame["tflops"] = frame["model_flops"] / (frame["ms_median"] * 1e-3) / 1e12
+    frame["size_rank"] = frame["size"].map(SIZE_ORDER)
+    frame["run_rank"] = frame["run"].map({r: i for i, r in enumerate(RUNS)})
+    return (frame.sort_values(["size_rank", "run_rank"]).drop(columns=["size_rank", "run_rank"])
+            .reset_index(drop=True))
+
+
+def _step_speedup(a: pd.Series, b: pd.Series) -> dict | None:
+    return speedup(a["ms_mean"], b["ms_mean"], a["ms_std"], b["ms_std"])
+
+
+def training_facts(frame: pd.DataFrame) -> list[dict]:
+    out = []
+    for size, group in frame.groupby("size", sort=False):
+        ok = group[group["status"] == "ok"].set_index("run")
+        ceiling = number(ok["matmul_tflops"].median()) if len(ok) else None
+        shown = pd.DataFrame({
+            "run": group["label"], "status": group["status"],
+            "step ms (median [min–max])": [
+                _spread(r.ms_median, r.ms_min, r.ms_max, 1) for r in group.itertuples()],
+            "TFLOP/s": group["tflops"],
+            "% of matmul ceiling": 100 * group["tflops"] / ceiling if ceiling else None,
+            "optimizer % (phases timed apart)": 100 * group["optimizer_ms_median"]
+            / group["step_ms_median"],
+            "peak GiB": group["peak_gib"]})
+        ours = ok[~ok["stock"]]
+        best = ours["ms_median"].idxmin() if len(ours) else None
+        against = {}
+        for reference in (HF, STOCK):
+            if best is not None and reference in ok.index:
+                against[reference] = {
+                    "label": RUNS[reference].label,
+                    "ms": number(ok.loc[reference, "ms_median"]),
+                    "ratio": number(ok.loc[best, "ms_median"] / ok.loc[reference, "ms_median"]),
+                    "speedup": _step_speedup(ok.loc[best], ok.loc[reference])}
+        fused_gain = []
+        for run in ok.index:
+            twin = run.replace("-fused", "-adamw")
+            if "-fused" in run and twin in ok.index:
+                fused_gain.append({"run": RUNS[run].label, "twin": RUNS[twin].label,
+                                   "speedup": _step_speedup(ok.loc[run], ok.loc[twin])})
+        out.append({
+            "size": size, "ceiling_tflops": ceiling,
+            "table": to_markdown(shown),
+            "best": None if best is None else {
+                "label": RUNS[best].label, "ms": number(ok.loc[best, "ms_median"]),
+                "tflops": number(ok.loc[best, "tflops"]),
+                "ceiling_share": number(ok.loc[best, "tflops"] / ceiling) if ceiling else None,
+                "peak_gib": number(ok.loc[best, "peak_gib"])},
+            "against": against, "fused_gain": fused_gain,
+            "not_measured": not_ok(group, ["label"])})
+    return out
+
+
+def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:
+    optimizer = optimizer_rows(records["optimizer"])
+    training = training_frame(records["training"])
+    write_table(optimizer, outputs["optimizer_table"])
+    write_table(training, outputs["training_table"])
+    shape = training.iloc[0] if len(training) else None
+    return {
+        "optimizer": optimizer_facts(optimizer) if len(optimizer) else [],
+        "training": training_facts(training) if len(training) else [],
+        "shape": None if shape is None else {
+            "context_length": int(shape["context_length"]),
+            "batch_size": int(shape["batch_size"]), "precision": shape["precision"],
+            "warmup_steps": int(shape["warmup_steps"]),
+            "measure_steps": int(shape["measure_steps"])},
+        "optimizer_table": outputs["optimizer_table"],
+        "training_table": outputs["training_table"],
+        "env": env_summary(training, records_frame(records["optimizer"])),
+        "coverage": {},
+    }

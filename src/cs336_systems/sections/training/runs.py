@@ -1,0 +1,49 @@
+"""The training steps the section puts side by side, each defined once: which model, attention,
+optimizer and compilation. Ours in every combination of attention (SDPA, our FA2), optimizer
+(AdamW written out, fused) and compilation; the stock parts a user would assemble instead: our
+model with torch's fused AdamW and SDPA's cuDNN attention, compiled, and Hugging Face's Llama
+of the same shape with torch's fused AdamW, eager and compiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cs336_systems.lm.attention import attention_label, attention_modules
+from cs336_systems.lm.optimizer import optimizer_label, optimizer_modules
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    model: str        # "ours" (cs336_systems.lm.model) or "hf-llama" (lm.hf_llama)
+    attention: str    # a name of lm.attention.ATTENTION_IMPLEMENTATIONS (ours only)
+    optimizer: str    # a name of lm.optimizer.OPTIMIZERS
+    compile: bool
+    stock: bool = False  # what a user would run instead of ours
+
+    @property
+    def label(self) -> str:
+        model = "HF Llama" if self.model == "hf-llama" else "ours"
+        attention = "SDPA" if self.model == "hf-llama" else attention_label(self.attention)
+        return (f"{model}, {attention}, {optimizer_label(self.optimizer)}"
+                f"{', compiled' if self.compile else ''}")
+
+    def modules(self) -> list[str]:
+        """Package modules the run imports lazily (its rule's sources)."""
+        own = attention_modules(self.attention) if self.model == "ours" else []
+        return own + optimizer_modules(self.optimizer)
+
+
+def _ours(attention: str, optimizer: str, compile_: bool) -> TrainingRun:
+    return TrainingRun("ours", attention, optimizer, compile_)
+
+
+RUNS: dict[str, TrainingRun] = {
+    **{f"ours-{a}-{o}{'-compiled' if c else ''}": _ours(attention, optimizer, c)
+       for c in (False, True)
+       for a, attention in (("sdpa", "sdpa"), ("fa2", "flash-triton"))
+       for o, optimizer in (("adamw", "adamw"), ("fused", "adamw-fused"))},
+    "stock-compiled": TrainingRun("ours", "sdpa-cudnn", "torch-adamw-fused", True, stock=True),
+    "hf-llama": TrainingRun("hf-llama", "sdpa", "torch-adamw-fused", False, stock=True),
+    "hf-llama-compiled": TrainingRun("hf-llama", "sdpa", "torch-adamw-fused", True, stock=True),
+}

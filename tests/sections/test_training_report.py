@@ -1,0 +1,116 @@
+"""The training section: its jobs on a CPU (what runs, what is skipped and why), and its facts and
+prose on synthetic records, where other numbers must give other words (faster, slower, a tie)."""
+
+import json
+
+import pytest
+
+from cs336_systems.pipeline.records import make_record, write_json_atomic
+from cs336_systems.report.render import render
+from cs336_systems.sections import Section
+from cs336_systems.sections.training import report as section
+from cs336_systems.sections.training import time_optimizer, time_training
+from cs336_systems.sections.training.runs import RUNS
+
+ENV = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11", "triton": "3.6",
+       "git": "abc"}
+SHAPE = {"size": "small", "context_length": 512, "batch_size": 4, "precision": "bf16",
+         "warmup_steps": 3, "measure_steps": 5, "seed": 0}
+
+
+def _training(tmp_path, run, loop_ms, spread=0.1, optimizer_ms=2.0, status="ok"):
+    metrics = {} if status != "ok" else {
+        **{f"loop_step_ms_{s}": v for s, v in (("mean", loop_ms), ("std", spread),
+                                              ("median", loop_ms), ("min", loop_ms - spread),
+                                              ("max", loop_ms + spread))},
+        "step_ms_median": loop_ms + 1, "optimizer_ms_median": optimizer_ms, "peak_gib": 3.0,
+        "matmul_tflops": 750.0, "model_flops": 1.6e12}
+    path = tmp_path / f"{run}.json"
+    write_json_atomic(path, make_record("training", {**SHAPE, "run": run}, status, metrics, ENV,
+                                        "CUDA out of memory" if status == "oom" else None))
+    return str(path)
+
+
+def _optimizer(tmp_path, fused_rounds, torch_rounds=(36.3, 36.3, 36.4)):
+    def entry(name, rounds, extra=0.0):
+        return {"optimizer": name, "status": "ok", "ms_median": sorted(rounds)[1],
+                "ms_min": min(rounds), "ms_max": max(rounds), "rounds_ms": list(rounds),
+                "extra_gib": extra}
+    metrics = {"parameters": 3.4e9, "copy_gbps": 3020.0, "floor_ms": 31.6,
+               "bytes_per_parameter": 28, "state_gib": 25.4,
+               "optimizers": [entry("adamw", (101.5, 101.6, 101.5), 12.75),
+                              entry("adamw-fused", fused_rounds),
+                              entry("torch-adamw-fused", torch_rounds)]}
+    path = tmp_path / "2.7b.json"
+    write_json_atomic(path, make_record("optimizer", {"size": "2.7b", "rounds": 3,
+                                                      "optimizers": list(metrics)}, "ok",
+                                        metrics, ENV))
+    return str(path)
+
+
+def _facts(tmp_path, training, optimizer):
+    outputs = {"training_table": str(tmp_path / "t.csv"),
+               "optimizer_table": str(tmp_path / "o.csv")}
+    facts = section.build({"training": training, "optimizer": optimizer}, {}, outputs)
+    text = " ".join(render(Section("training").template, facts, link_base=tmp_path).split())
+    return facts, text
+
+
+def test_the_fastest_of_ours_against_each_stock_part(tmp_path):
+    training = [_training(tmp_path, "ours-fa2-fused-compiled", 10.0),
+                _training(tmp_path, "ours-sdpa-adamw", 30.0),
+                _training(tmp_path, "stock-compiled", 12.0),
+                _training(tmp_path, "hf-llama-compiled", 20.0)]
+    facts, text = _facts(tmp_path, training, [])
+    (small,) = facts["training"]
+    assert small["best"]["label"] == RUNS["ours-fa2-fused-compiled"].label
+    hf = small["against"]["hf-llama-compiled"]
+    assert hf["ratio"] == pytest.approx(0.5) and hf["speedup"]["word"] == "faster"
+    assert "It is 2.00x faster than HF Llama, SDPA, torch AdamW (fused), compiled" in text
+    # model FLOPs over the step, against the ceiling measured beside it
+    assert small["best"]["tflops"] == pytest.approx(160.0)
+    assert small["best"]["ceiling_share"] == pytest.approx(160 / 750)
+
+
+def test_slower_and_tied_say_so(tmp_path):
+    facts, text = _facts(tmp_path, [_training(tmp_path, "ours-fa2-fused-compiled", 15.0),
+                                    _training(tmp_path, "hf-llama-compiled", 12.0),
+                                    _training(tmp_path, "stock-compiled", 15.05)], [])
+    assert "1.25x slower than HF Llama" in text
+    assert "it is a tie (1.00x, inside the spread)" in text
+
+
+def test_a_run_that_ran_out_of_memory_is_listed_not_compared(tmp_path):
+    facts, text = _facts(tmp_path, [_training(tmp_path, "ours-fa2-fused-compiled", 15.0),
+                                    _training(tmp_path, "hf-llama-compiled", 0, status="oom")],
+                         [])
+    assert facts["training"][0]["against"] == {}
+    assert "Not measured: HF Llama, SDPA, torch AdamW (fused), compiled, oom" in text
+
+
+def test_the_fused_optimizer_against_the_floor_and_torch(tmp_path):
+    facts, text = _facts(tmp_path, [], [_optimizer(tmp_path, (32.5, 32.5, 32.6))])
+    fused = facts["optimizer"][0]["fused"]
+    assert fused["ratio_to_floor"] == pytest.approx(32.5 / 31.6)
+    assert fused["ratio_to_torch"] == pytest.approx(32.5 / 36.3)
+    assert fused["vs_torch"]["word"] == "faster" and not fused["vs_torch"]["within_spread"]
+    assert "1.12x faster than torch's fused AdamW" in text
+    assert "the written-out AdamW allocates 12.75 GiB" in text
+    # rounds that overlap torch's: a tie, and the prose says so
+    facts, text = _facts(tmp_path, [], [_optimizer(tmp_path, (36.2, 36.35, 36.5))])
+    assert facts["optimizer"][0]["fused"]["vs_torch"]["within_spread"]
+    assert "a tie with torch's fused AdamW" in text
+
+
+def test_on_a_cpu_the_jobs_run_what_they_can_and_say_why_not_the_rest(tmp_path):
+    out = tmp_path / "r.json"
+    time_training.main(["--run", "ours-sdpa-adamw", "--size", "tiny", "--context-length", "16",
+                        "--batch-size", "2", "--precision", "fp32", "--warmup-steps", "1",
+                        "--measure-steps", "2", "--device", "cpu", "--output", str(out)])
+    record = json.loads(out.read_text())
+    assert record["status"] == "ok" and len(record["metrics"]["loop_step_ms_samples"]) == 3
+    time_training.main(["--run", "stock-compiled", "--size", "tiny", "--context-length", "16",
+                        "--device", "cpu", "--output", str(out)])
+    assert json.loads(out.read_text())["message"].endswith("needs CUDA")
+    time_optimizer.main(["--size", "tiny", "--device", "cpu", "--output", str(out)])
+    assert json.loads(out.read_text())["status"] == "skipped"
