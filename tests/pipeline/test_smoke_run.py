@@ -179,7 +179,8 @@ def test_editing_the_model_redoes_the_benchmarks(smoke_run):
                                           "attention_tables", "ddp", "ddp_check",
                                           "sharded_optimizer", "fsdp", "fsdp_tables",
                                           "distributed_tables", "mixed_precision_tables",
-                                          "parallelism_tables", "section_markdown", "writeup"}
+                                          "parallelism_tables", "training", "optimizer_step",
+                                          "training_tables", "section_markdown", "writeup"}
 
 
 def _smoke_preset(workdir: Path) -> dict:
