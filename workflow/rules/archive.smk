@@ -1,6 +1,6 @@
 # `snakemake --cores 1 archive`: the preset's results, the writeup, the resolved config and an
-# environment manifest in one tarball, results/<preset>.tar.gz (cs336_systems.pipeline.archive). Heavy
-# artifacts (traces, snapshots) go in with `--config archive_heavy=true`.
+# environment manifest in one tarball, results/<preset>.tar.gz (cs336_systems.pipeline.archive).
+# Heavy artifacts (traces, snapshots) go in with `--config archive_heavy=true`.
 
 
 rule archive:

@@ -20,7 +20,8 @@ CKPT_BLOCK_SIZES = ["none" if k is None else k for k in CKPT["block_sizes"]]
 
 rule checkpointing:
     input:
-        sources("cs336_systems.sections.checkpointing.time_checkpointing", *attention_modules(CKPT["attention"])),
+        sources("cs336_systems.sections.checkpointing.time_checkpointing",
+                *attention_modules(CKPT["attention"])),
     output:
         CKPT_RECORD,
     log:

@@ -37,7 +37,8 @@ rule flash:
     params:
         job="experiment",
         cli="cs336_systems.sections.flash.time_flash",
-        args=lambda wildcards: {"attention": wildcards.attention, "seq": wildcards.seq, "d": wildcards.d,
+        args=lambda wildcards: {"attention": wildcards.attention, "seq": wildcards.seq,
+                                "d": wildcards.d,
                                 "dtype": wildcards.dtype, "batch_size": FLASH["batch_size"],
                                 "causal": FLASH["causal"], "compile": False,
                                 "device": DEVICE},
