@@ -28,6 +28,15 @@ TRITON_DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU els
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 
+@pytest.fixture(autouse=True)
+def full_fp32():
+    """The fp32 checks here hold the kernels to 1e-5, so their dots run in full fp32 ("ieee");
+    `test_fp32_precisions` checks the default and the others at their own tolerances."""
+    from cs336_systems.kernels.flash_triton import fp32_precision
+    with fp32_precision("ieee"):
+        yield
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None
                    ) -> float:
     """||out - ref|| / ||ref||, or / scale where the reference is zero."""
@@ -87,7 +96,8 @@ class FlashAttentionOp:
 
     @staticmethod
     def apply(q, k, v, is_causal):
-        return torch.ops.cs336.flash_attn_fwd(q, k, v, is_causal)[0]
+        from cs336_systems.kernels.flash_triton import current_fp32_precision
+        return torch.ops.cs336.flash_attn_fwd(q, k, v, is_causal, current_fp32_precision())[0]
 
 
 SHAPES = [(2, 64, 64, 16), (1, 128, 128, 32), (3, 32, 128, 16), (1, 128, 32, 64)]
@@ -125,14 +135,98 @@ def test_flash_triton_any_shape_against_float64(shape, is_causal, dtype):
 
 @pytest.mark.parametrize("shape", [(2, 64, 64, 32), (1, 70, 45, 24), (1, 45, 100, 80)])
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_flash_triton_backward_with_unequal_tiles(shape, is_causal, monkeypatch):
-    """Each backward pass with its inner tile smaller than its outer one (the dK/dV pass walks
-    16-row query tiles inside 32-row key tiles, the dQ pass the other way round)."""
+@pytest.mark.parametrize("atomic", [False, True])
+def test_flash_triton_backward_with_unequal_tiles(shape, is_causal, atomic, monkeypatch):
+    """Each backward kernel with its inner tile smaller than its outer one (the key-tile kernel
+    walks 16-row query tiles inside 32-row key tiles, the dQ kernel the other way round)."""
     from cs336_systems.kernels import flash_triton
 
     monkeypatch.setattr(flash_triton, "_backward_tiles", lambda *_: (
         flash_triton.Tiles(16, 32, 4, 2), flash_triton.Tiles(32, 16, 4, 2)))
+    monkeypatch.setattr(flash_triton, "ATOMIC_DQ", atomic)
     check_flash(FlashAttentionTriton, *shape, torch.float32, is_causal)
+
+
+@pytest.mark.parametrize("shape", [(2, 64, 64, 32), (1, 70, 45, 24), (1, 33, 100, 80)])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_flash_triton_deterministic_backward(shape, is_causal, dtype, monkeypatch):
+    """With torch's deterministic algorithms on, dQ comes from its own kernel in a fixed order
+    even where atomic adds are chosen: the same gradients as float64, and bit for bit the same
+    on a second run."""
+    from cs336_systems.kernels import flash_triton
+
+    monkeypatch.setattr(flash_triton, "ATOMIC_DQ", True)
+    torch.use_deterministic_algorithms(True)
+    try:
+        check_flash(FlashAttentionTriton, *shape, dtype, is_causal)
+        q, k, v = (torch.randn(1, n, shape[3], device=DEVICE, dtype=dtype, requires_grad=True)
+                   for n in shape[1:3] + shape[2:3])
+        grad_o = torch.randn_like(q)
+        runs = [torch.autograd.grad(FlashAttentionTriton.apply(q, k, v, is_causal), (q, k, v),
+                                    grad_o) for _ in range(2)]
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+# (tolerance, relative error of o and the gradients): tf32 keeps 10 mantissa bits, inside the
+# assignment's 1e-2; tf32x3 splits each operand in two tf32 parts, about fp32's accuracy
+FP32_TOLERANCE = {"ieee": 1e-5, "tf32x3": 1e-4, "tf32": 1e-2}
+
+
+@pytest.mark.parametrize("precision", list(FP32_TOLERANCE))
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_fp32_precisions(precision, is_causal):
+    """The fp32 precisions at their tolerances; the default is the assignment's 1e-2 or better."""
+    from cs336_systems.kernels.flash_triton import DEFAULT_FP32_PRECISION, fp32_precision
+
+    assert FP32_TOLERANCE[DEFAULT_FP32_PRECISION] <= 1e-2
+    with fp32_precision(precision):
+        o, reference = _heads_case(1, 2, 70, 45, 64, torch.float32, is_causal)
+    assert relative_error(o, reference) < FP32_TOLERANCE[precision]
+
+
+def test_unknown_fp32_precision_names_the_allowed_ones():
+    from cs336_systems.kernels.flash_triton import fp32_precision
+
+    with pytest.raises(ValueError, match="allowed: ieee, tf32x3, tf32"):
+        with fp32_precision("bf16"):
+            pass
+
+
+def _heads_case(batch, heads, n_queries, n_keys, d, dtype, is_causal):
+    """Our output for (batch, heads, seq, d) views of one fused (batch, seq, 3, heads, d)
+    projection, as the model makes them (strided, not contiguous), and float64's."""
+    n = max(n_queries, n_keys)
+    fused = torch.randn(batch, n, 3, heads, d, device=DEVICE, dtype=dtype)
+    q, k, v = (fused[:, :length, i].transpose(1, 2)
+               for i, length in enumerate((n_queries, n_keys, n_keys)))
+    assert not q.is_contiguous()
+    o = FlashAttentionTriton.apply(q, k, v, is_causal)
+    return o, reference_attention(q, k, v, is_causal)[0]
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_flash_triton_takes_strided_heads_without_copies(is_causal):
+    """(batch, heads, seq, d) views as the model makes them: forward and backward against
+    float64, and the output in (batch, seq, heads, d) order, where merging heads is a view."""
+    from einops import rearrange
+
+    fused = torch.randn(2, 40, 3, 3, 24, device=DEVICE, requires_grad=True)
+    q, k, v = (fused[:, :, i].transpose(1, 2) for i in range(3))
+    o = FlashAttentionTriton.apply(q, k, v, is_causal)
+    merged = rearrange(o, "b h s d -> b s (h d)")
+    assert merged.data_ptr() == o.data_ptr() and o.transpose(1, 2).is_contiguous()
+    grad_o = torch.randn_like(o)
+    o.backward(grad_o)
+
+    fused64 = fused.detach().double().requires_grad_()
+    q64, k64, v64 = (fused64[:, :, i].transpose(1, 2) for i in range(3))
+    o64 = reference_attention(q64, k64, v64, is_causal)[0]
+    o64.backward(grad_o.double())
+    assert relative_error(o, o64) < 1e-5
+    assert relative_error(fused.grad, fused64.grad) < 1e-5
 
 
 @pytest.mark.parametrize("shape", ANY_SHAPES)
@@ -160,13 +254,15 @@ def test_flash_operators_pass_opcheck():
     tests = ("test_schema", "test_autograd_registration", "test_faketensor",
              *(("test_aot_dispatch_dynamic",) if ON_GPU else ()))
     make = lambda n: torch.randn(2, n, 80, device=DEVICE, requires_grad=True)  # noqa: E731
-    q, k, v = make(33), make(17), make(17)
-    for is_causal in (False, True):
-        torch.library.opcheck(torch.ops.cs336.flash_attn_fwd.default, (q, k, v, is_causal),
-                              test_utils=tests)
-        o, lse = torch.ops.cs336.flash_attn_fwd(q, k, v, is_causal)
+    fused = torch.randn(2, 33, 3, 2, 80, device=DEVICE)  # (batch, seq, q/k/v, heads, d)
+    heads = [fused[:, :n, i].transpose(1, 2).requires_grad_() for i, n in enumerate((33, 17, 17))]
+    for (q, k, v), is_causal in [((make(33), make(17), make(17)), False),
+                                 ((make(33), make(17), make(17)), True), (heads, True)]:
+        torch.library.opcheck(torch.ops.cs336.flash_attn_fwd.default,
+                              (q, k, v, is_causal, "ieee"), test_utils=tests)
+        o, lse = torch.ops.cs336.flash_attn_fwd(q, k, v, is_causal, "ieee")
         # the backward operator has no backward of its own: inputs without gradients
-        args = (*(t.detach() for t in (q, k, v, o)), lse, torch.randn_like(o), is_causal)
+        args = (*(t.detach() for t in (q, k, v, o)), lse, torch.randn_like(o), is_causal, "ieee")
         torch.library.opcheck(torch.ops.cs336.flash_attn_bwd.default, args, test_utils=tests)
 
 

@@ -35,22 +35,26 @@ def require_triton_device(*tensors: torch.Tensor) -> None:
                      f"TRITON_INTERPRET=1 set before triton is imported); got {device}")
 
 
-def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """q (batch, n_queries, d) and k, v (batch, n_keys, d): one dtype of bf16/fp16/fp32, one
+def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           heads: bool = False) -> None:
+    """q (batch, n_queries, d) and k, v (batch, n_keys, d), or with `heads` also
+    (batch, heads, n_queries, d) and (batch, heads, n_keys, d): one dtype of bf16/fp16/fp32, one
     device, n_queries and n_keys of at least 1, d from 1 to MAX_HEAD_DIM."""
+    shapes = "(batch, seq, d) or (batch, heads, seq, d)" if heads else "(batch, seq, d)"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.ndim != 3:
-            raise ValueError(f"{name} must have shape (batch, seq, d); got {tuple(t.shape)}")
+        if t.ndim != 3 and not (heads and t.ndim == 4):
+            raise ValueError(f"{name} must have shape {shapes}; got {tuple(t.shape)}")
     if q.dtype not in SUPPORTED_DTYPES or len({q.dtype, k.dtype, v.dtype}) != 1:
         raise ValueError(f"q, k, v must share one dtype of float32, bfloat16, float16; got "
                          f"{q.dtype}, {k.dtype}, {v.dtype}")
     if len({q.device, k.device, v.device}) != 1:
         raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(f"q (batch, n_queries, d) and k, v (batch, n_keys, d) must agree; got "
+    if (k.shape != v.shape or q.ndim != k.ndim or q.shape[:-2] != k.shape[:-2]
+            or q.shape[-1] != k.shape[-1]):
+        raise ValueError(f"q (..., n_queries, d) and k, v (..., n_keys, d) must agree; got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    for label, n in (("n_queries", q.shape[1]), ("n_keys", k.shape[1])):
+    for label, n in (("n_queries", q.shape[-2]), ("n_keys", k.shape[-2])):
         if n < 1:
             raise ValueError(f"{label} must be at least 1; got {n}")
-    if not 1 <= q.shape[2] <= MAX_HEAD_DIM:
-        raise ValueError(f"d must be from 1 to {MAX_HEAD_DIM}; got {q.shape[2]}")
+    if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
+        raise ValueError(f"d must be from 1 to {MAX_HEAD_DIM}; got {q.shape[-1]}")

@@ -1,9 +1,13 @@
-"""FlashAttention-2 in Triton: forward kernel, two-pass backward (dK/dV, then dQ), no atomics.
+"""FlashAttention-2 in Triton: forward kernel; backward from key tiles (dK, dV) and from query
+tiles (dQ), or with dQ added atomically from the key tiles (FlashAttention-2's scheme).
 
-Shapes: q (batch, n_queries, d), k and v (batch, n_keys, d), any n_queries, n_keys >= 1 and
-1 <= d <= 256 (`checks.check_attention_inputs`). The causal mask is SDPA's `is_causal=True`:
-query i sees keys 0..i (`torch.ones(n_queries, n_keys).tril()`, aligned at the top left), so
-every query sees at least key 0 and no row of the softmax is empty.
+Shapes: q (batch, n_queries, d) or (batch, heads, n_queries, d), k and v likewise with n_keys,
+any strides, any n_queries, n_keys >= 1 and 1 <= d <= 256 (`checks.check_attention_inputs`).
+Heads are a grid axis, so the model's (batch, heads, seq, d) views of its fused projection are
+read where they lie, without copies; outputs and gradients are written in (batch, seq, heads,
+d) order, in which the model's merge of the heads is a view. The causal mask is SDPA's
+`is_causal=True`: query i sees keys 0..i (`torch.ones(n_queries, n_keys).tril()`, aligned at the
+top left), so every query sees at least key 0 and no row of the softmax is empty.
 
 Tiles: a query tile is BLOCK_M rows of q, a key tile BLOCK_N rows of k and v, each BLOCK_D
 columns wide, BLOCK_D being d rounded up to a power of two (tl.arange and tl.dot need powers of
@@ -16,20 +20,29 @@ a query tile fall in three kinds: before its first query (seen whole, unmasked),
 (never seen, skipped). So power-of-two shapes run every tile off the band without a mask,
 as in Triton's fused-attention tutorial.
 
-Forward (FlashAttention-2, Algorithm 1): the grid is (query tiles, batch). Each program loads
-one query tile, walks its key tiles once, and keeps the running row max m, row sum l and output
-accumulator in fp32 registers. P is cast to V's dtype before the P V product. It writes O and
-the logsumexp L = m + log(l) (batch, n_queries), the only extra tensor saved for backward.
+Forward (FlashAttention-2, Algorithm 1): the grid is (batch * heads, query tiles), heads
+fastest, and under the causal mask the heaviest query tiles (the last ones) run first. Each
+program loads one query tile, walks its key tiles once, and keeps the running row max m, row
+sum l and output accumulator in fp32 registers; the max is taken on raw scores and the scale
+folded into the exp2's argument (one multiply-add per score). P is cast to V's dtype before the
+P V product. It writes O and the logsumexp L = m + log(l), the only extra tensor saved for
+backward.
 
-Backward (Algorithm 2, split to avoid atomics): with D = rowsum(dO * O),
-  pass 1, grid (key tiles, batch):   dV_j = sum_i P_ij^T dO_i,  dK_j = sum_i dS_ij^T Q_i * scale
-  pass 2, grid (query tiles, batch): dQ_i = sum_j dS_ij K_j * scale
-where P_ij = exp(S_ij - L_i) and dS_ij = P_ij * (dO_i V_j^T - D_i). Each program owns the rows
-it writes, so no two programs touch the same output.
+Backward (Algorithm 2): a small kernel computes D = rowsum(dO * O); program (head, key tile)
+walks the query tiles that see its keys and keeps dK and dV in registers; program (head, query
+tile) of a second kernel walks the key tiles its queries see for dQ, recomputing S and dP
+(seven matmuls per score tile, adding in a fixed order). With `ATOMIC_DQ` the key-tile kernel
+instead adds each query tile's dS K into an fp32 dQ accumulator (FlashAttention-2's scheme,
+five matmuls); it measured slower on an H100 (see `ATOMIC_DQ`), so it is off by default, and
+torch's deterministic-algorithms switch keeps it off.
 
 Scores are kept in base 2 (exp2 is the hardware's instruction): S2 = Q K^T * scale * log2(e).
 Causal masking adds -1e6 to scores of keys after the query. Pointer arithmetic only (no
 `tl.make_block_ptr`, which Triton 3.9 removed).
+
+Launch tiles come from `scripts/sweep_flash.py` on an H100 (see `_forward_tiles` and
+`_backward_tiles`); where a shape's grid would leave multiprocessors idle (a few heads, short
+sequences), the outer tile is halved until it fills them.
 
 The kernels run inside two custom operators, `cs336::flash_attn_fwd` (q, k, v, is_causal ->
 o, L) and `cs336::flash_attn_bwd` (q, k, v, o, L, dO, is_causal -> dQ, dK, dV), made with
@@ -38,12 +51,14 @@ implementations instead of tracing Python kernel launches, and Inductor can stil
 kernels. The forward operator is differentiable through the backward one. `FlashAttentionTriton`
 is the assignment's autograd.Function over the same operators.
 
-fp32 inputs multiply in full fp32 ("ieee") unless `torch.backends.cuda.matmul.allow_tf32` is
-set, the same switch that lets PyTorch's own fp32 matmuls use TF32.
+fp32 inputs multiply at the precision `fp32_precision` sets (`FP32_PRECISIONS`, default
+`DEFAULT_FP32_PRECISION`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from typing import NamedTuple
 
@@ -66,6 +81,12 @@ CAUSAL_MASK_VALUE = tl.constexpr(-1e6)  # added to the scores of keys after the 
 
 
 # --- tile helpers: masks only where a flag says the tile can overhang -------------------------
+
+@triton.jit
+def _head_base(ptr, head, N_HEADS, stride_z, stride_h):
+    """The pointer to head `head` (batch * N_HEADS + h) of a (batch, heads, seq, d) tensor."""
+    return ptr + (head // N_HEADS).to(tl.int64) * stride_z + (head % N_HEADS) * stride_h
+
 
 @triton.jit
 def _load_tile(base_ptr, rows, stride_row, cols, stride_col, n_rows, n_cols,
@@ -105,12 +126,30 @@ def _store_tile(base_ptr, rows, stride_row, cols, stride_col, n_rows, n_cols, ti
 
 
 @triton.jit
-def _load_rows(base_ptr, rows, stride, n_rows, EVEN_ROWS: tl.constexpr):
-    """One value per row (L or D); rows past n_rows read as 0."""
+def _add_tile(base_ptr, rows, stride_row, cols, stride_col, n_rows, n_cols, tile,
+              EVEN_ROWS: tl.constexpr, EVEN_COLS: tl.constexpr):
+    """Atomically adds the entries of `tile` that lie inside (n_rows, n_cols)."""
+    ptrs = base_ptr + rows[:, None] * stride_row + cols[None, :] * stride_col
     if EVEN_ROWS:
-        values = tl.load(base_ptr + rows * stride)
+        if EVEN_COLS:
+            tl.atomic_add(ptrs, tile, sem="relaxed")
+        else:
+            tl.atomic_add(ptrs, tile, mask=(cols < n_cols)[None, :], sem="relaxed")
     else:
-        values = tl.load(base_ptr + rows * stride, mask=rows < n_rows, other=0.0)
+        if EVEN_COLS:
+            tl.atomic_add(ptrs, tile, mask=(rows < n_rows)[:, None], sem="relaxed")
+        else:
+            tl.atomic_add(ptrs, tile, mask=(rows < n_rows)[:, None] & (cols < n_cols)[None, :],
+                          sem="relaxed")
+
+
+@triton.jit
+def _load_rows(base_ptr, rows, n_rows, EVEN_ROWS: tl.constexpr):
+    """One value per row (L or D, contiguous); rows past n_rows read as 0."""
+    if EVEN_ROWS:
+        values = tl.load(base_ptr + rows)
+    else:
+        values = tl.load(base_ptr + rows, mask=rows < n_rows, other=0.0)
     return values
 
 
@@ -130,9 +169,19 @@ def _key_ranges(q_start, N_KEYS, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
 
 
 @triton.jit
-def _causal_scores(scores, q_rows, k_rows):
-    """Adds CAUSAL_MASK_VALUE to the scores of keys after their query."""
-    return scores + tl.where(q_rows[:, None] >= k_rows[None, :], 0.0, CAUSAL_MASK_VALUE)
+def _query_ranges(k_start, N_QUERIES, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr):
+    """(first, whole_end) for the key tile starting at k_start: the query tiles from `first`
+    to whole_end see all of it without a mask; one more, up to N_QUERIES, overhangs. Under the
+    causal mask `first` is past the band [k_start, k_start + BLOCK_N), which the caller walks
+    separately; queries before k_start see none of the tile."""
+    first = 0
+    if IS_CAUSAL:
+        first = k_start + BLOCK_N
+    whole_end = N_QUERIES
+    if not EVEN_M:
+        whole_end = N_QUERIES // BLOCK_M * BLOCK_M
+    return first, whole_end
 
 
 # --- forward ---------------------------------------------------------------------------------
@@ -142,21 +191,28 @@ def _fwd_key_tiles(acc, row_max, row_sum, q, q_rows, k_base, v_base,
                    stride_ks, stride_kd, stride_vs, stride_vd, cols, k_lo, k_hi, N_KEYS, qk_scale,
                    D: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
                    EVEN_D: tl.constexpr, BAND: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Alg. 1, lines 7-10, over the key tiles starting in [k_lo, k_hi)."""
+    """Alg. 1, lines 7-10, over the key tiles starting in [k_lo, k_hi). The running max is
+    kept on scaled base-2 scores but taken on raw ones (the scale is positive), so a tile
+    without a mask costs one multiply-add per score before its exp2."""
     for k_start in range(k_lo, k_hi, BLOCK_N):
         k_rows = k_start + tl.arange(0, BLOCK_N)
         k = _load_tile(k_base, k_rows, stride_ks, cols, stride_kd, N_KEYS, D, EVEN_N, EVEN_D)
         v = _load_tile(v_base, k_rows, stride_vs, cols, stride_vd, N_KEYS, D, EVEN_N, EVEN_D)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # line 8
-        if not EVEN_N:
-            scores = tl.where((k_rows < N_KEYS)[None, :], scores, float("-inf"))
-        if BAND:
-            scores = _causal_scores(scores, q_rows, k_rows)
-        new_max = tl.maximum(row_max, tl.max(scores, axis=1))           # line 9
-        p = tl.exp2(scores - new_max[:, None])
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)          # line 8, S/scale
+        if BAND or not EVEN_N:
+            scores = scores * qk_scale
+            if not EVEN_N:
+                scores = tl.where((k_rows < N_KEYS)[None, :], scores, float("-inf"))
+            if BAND:
+                scores += tl.where(q_rows[:, None] >= k_rows[None, :], 0.0, CAUSAL_MASK_VALUE)
+            new_max = tl.maximum(row_max, tl.max(scores, axis=1))                # line 9
+            p = tl.exp2(scores - new_max[:, None])
+        else:
+            new_max = tl.maximum(row_max, tl.max(scores, axis=1) * qk_scale)
+            p = tl.exp2(scores * qk_scale - new_max[:, None])
         correction = tl.exp2(row_max - new_max)
         row_sum = correction * row_sum + tl.sum(p, axis=1)
-        acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v,      # line 10
+        acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v,              # line 10
                                                  input_precision=DOT_PRECISION)
         row_max = new_max
     return acc, row_max, row_sum
@@ -165,27 +221,30 @@ def _fwd_key_tiles(acc, row_max, row_sum, q, q_rows, k_base, v_base,
 @triton.jit
 def flash_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
-    stride_qb, stride_qs, stride_qd,
-    stride_kb, stride_ks, stride_kd,
-    stride_vb, stride_vs, stride_vd,
-    stride_ob, stride_os, stride_od,
-    stride_lb, stride_ls,
-    N_QUERIES, N_KEYS,
+    stride_qz, stride_qh, stride_qs, stride_qd,
+    stride_kz, stride_kh, stride_ks, stride_kd,
+    stride_vz, stride_vh, stride_vs, stride_vd,
+    stride_oz, stride_oh, stride_os, stride_od,
+    N_HEADS, N_QUERIES, N_KEYS,
     SCALE: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    # program (query_tile, batch) owns query rows [q_start, q_start + BLOCK_M) of one sequence
-    query_tile = tl.program_id(0)
-    batch = tl.program_id(1)
+    # program (head, query_tile) owns query rows [q_start, q_start + BLOCK_M) of one head. The
+    # grid runs heads fastest; under the causal mask the last query tiles see the most keys, so
+    # they take the first tile ids and the light ones fill the tail.
+    head = tl.program_id(0)
+    query_tile = tl.program_id(1)
+    if IS_CAUSAL:
+        query_tile = tl.num_programs(1) - 1 - query_tile
     q_start = query_tile * BLOCK_M
     q_rows = q_start + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
-    q = _load_tile(q_ptr + batch * stride_qb, q_rows, stride_qs, cols, stride_qd,
-                   N_QUERIES, D, EVEN_M, EVEN_D)
-    k_base = k_ptr + batch * stride_kb
-    v_base = v_ptr + batch * stride_vb
+    q = _load_tile(_head_base(q_ptr, head, N_HEADS, stride_qz, stride_qh), q_rows, stride_qs,
+                   cols, stride_qd, N_QUERIES, D, EVEN_M, EVEN_D)
+    k_base = _head_base(k_ptr, head, N_HEADS, stride_kz, stride_kh)
+    v_base = _head_base(v_ptr, head, N_HEADS, stride_vz, stride_vh)
 
     row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)     # m, base 2
     row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)                   # l
@@ -211,117 +270,163 @@ def flash_fwd_kernel(
 
     o = acc / row_sum[:, None]                                         # line 12
     logsumexp = (row_max + tl.log2(row_sum)) * LN_2                    # line 13, natural log
-    _store_tile(o_ptr + batch * stride_ob, q_rows, stride_os, cols, stride_od, N_QUERIES, D, o,
-                EVEN_M, EVEN_D)
-    lse_ptrs = lse_ptr + batch * stride_lb + q_rows * stride_ls
+    _store_tile(_head_base(o_ptr, head, N_HEADS, stride_oz, stride_oh), q_rows, stride_os, cols,
+                stride_od, N_QUERIES, D, o, EVEN_M, EVEN_D)
+    lse_ptrs = lse_ptr + head.to(tl.int64) * N_QUERIES + q_rows
     if EVEN_M:
         tl.store(lse_ptrs, logsumexp)
     else:
         tl.store(lse_ptrs, logsumexp, mask=q_rows < N_QUERIES)
 
 
-# --- backward, pass 1: dK and dV -------------------------------------------------------------
+# --- backward: D = rowsum(dO * O), and dQ's accumulator zeroed --------------------------------
 
 @triton.jit
-def _dkdv_query_tiles(grad_k, grad_v, k, v, k_rows, q_base, do_base, lse_base, delta_base,
-                      stride_s, stride_d, stride_ls, cols, q_lo, q_hi, N_QUERIES, qk_scale,
-                      D: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr,
-                      EVEN_D: tl.constexpr, BAND: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Alg. 2 from one key tile's side, over the query tiles starting in [q_lo, q_hi).
-    Overhanging query rows read q = dO = 0, so their P is finite and they add nothing."""
+def flash_bwd_prepare_kernel(
+    o_ptr, do_ptr, delta_ptr, dq_ptr,
+    stride_oz, stride_oh, stride_os, stride_od,
+    stride_dz, stride_dh, stride_ds, stride_dd,
+    stride_qz, stride_qh, stride_qs, stride_qd,
+    N_HEADS, N_QUERIES,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr,
+    EVEN_D: tl.constexpr, ZERO_DQ: tl.constexpr,
+):
+    """Program (head, query_tile): D for its rows, in fp32, and zeros in the rows of the dQ
+    accumulator that the main kernel adds into (when it accumulates dQ atomically)."""
+    head = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    o = _load_tile(_head_base(o_ptr, head, N_HEADS, stride_oz, stride_oh), rows, stride_os,
+                   cols, stride_od, N_QUERIES, D, EVEN_M, EVEN_D)
+    grad_o = _load_tile(_head_base(do_ptr, head, N_HEADS, stride_dz, stride_dh), rows,
+                        stride_ds, cols, stride_dd, N_QUERIES, D, EVEN_M, EVEN_D)
+    delta = tl.sum(o.to(tl.float32) * grad_o.to(tl.float32), axis=1)
+    delta_ptrs = delta_ptr + head.to(tl.int64) * N_QUERIES + rows
+    if EVEN_M:
+        tl.store(delta_ptrs, delta)
+    else:
+        tl.store(delta_ptrs, delta, mask=rows < N_QUERIES)
+    if ZERO_DQ:
+        _store_tile(_head_base(dq_ptr, head, N_HEADS, stride_qz, stride_qh), rows, stride_qs,
+                    cols, stride_qd, N_QUERIES, D, tl.zeros((BLOCK_M, BLOCK_D), tl.float32),
+                    EVEN_M, EVEN_D)
+
+
+# --- backward, from each key tile: dK, dV, and dQ by atomic adds -----------------------------
+
+@triton.jit
+def _bwd_query_tiles(grad_k, grad_v, k, v, k_rows, q_base, do_base, dq_base, lse_base,
+                     delta_base, stride_qs, stride_qd, stride_ds, stride_dd, stride_dqs,
+                     stride_dqd, cols, q_lo, q_hi, N_QUERIES, N_KEYS, qk_scale,
+                     SCALE: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+                     BAND: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Alg. 2, lines 8-21, from one key tile's side over the query tiles starting in
+    [q_lo, q_hi), in transposed form (keys as rows) so that dV and dK need no transposes.
+    Overhanging query rows read q = dO = 0, so their P is finite and they add nothing;
+    overhanging keys get P = 0, so that their dS adds nothing to dQ."""
     for q_start in range(q_lo, q_hi, BLOCK_M):
         q_rows = q_start + tl.arange(0, BLOCK_M)
-        q = _load_tile(q_base, q_rows, stride_s, cols, stride_d, N_QUERIES, D, EVEN_M, EVEN_D)
-        grad_o = _load_tile(do_base, q_rows, stride_s, cols, stride_d, N_QUERIES, D, EVEN_M,
+        q = _load_tile(q_base, q_rows, stride_qs, cols, stride_qd, N_QUERIES, D, EVEN_M, EVEN_D)
+        grad_o = _load_tile(do_base, q_rows, stride_ds, cols, stride_dd, N_QUERIES, D, EVEN_M,
                             EVEN_D)
-        lse = _load_rows(lse_base, q_rows, stride_ls, N_QUERIES, EVEN_M)
-        delta = _load_rows(delta_base, q_rows, stride_ls, N_QUERIES, EVEN_M)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (M, N)
+        lse = _load_rows(lse_base, q_rows, N_QUERIES, EVEN_M) * LOG2_E
+        delta = _load_rows(delta_base, q_rows, N_QUERIES, EVEN_M)
+        scores_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)       # (N, M), S^T
+        p_t = tl.exp2(scores_t * qk_scale - lse[None, :])                      # line 13
         if BAND:
-            scores = _causal_scores(scores, q_rows, k_rows)
-        p = tl.exp2(scores - lse[:, None] * LOG2_E)                    # P = exp(S - L)
-        grad_v += tl.dot(tl.trans(p.to(grad_o.dtype)), grad_o, input_precision=DOT_PRECISION)
-        grad_p = tl.dot(grad_o, tl.trans(v), input_precision=DOT_PRECISION)
-        grad_s = p * (grad_p - delta[:, None])
-        grad_k += tl.dot(tl.trans(grad_s.to(q.dtype)), q, input_precision=DOT_PRECISION)
+            p_t = tl.where(q_rows[None, :] >= k_rows[:, None], p_t, 0.0)
+        if ATOMIC_DQ and not EVEN_N:
+            p_t = tl.where((k_rows < N_KEYS)[:, None], p_t, 0.0)
+        grad_v += tl.dot(p_t.to(grad_o.dtype), grad_o, input_precision=DOT_PRECISION)  # 16
+        grad_p_t = tl.dot(v, tl.trans(grad_o), input_precision=DOT_PRECISION)   # line 17
+        grad_s_t = (p_t * (grad_p_t - delta[None, :])).to(q.dtype)              # line 18
+        grad_k += tl.dot(grad_s_t, q, input_precision=DOT_PRECISION)            # line 20
+        if ATOMIC_DQ:                                                           # line 19
+            grad_q = tl.dot(tl.trans(grad_s_t), k, input_precision=DOT_PRECISION) * SCALE
+            _add_tile(dq_base, q_rows, stride_dqs, cols, stride_dqd, N_QUERIES, D, grad_q,
+                      EVEN_M, EVEN_D)
     return grad_k, grad_v
 
 
 @triton.jit
-def flash_bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-    stride_b, stride_s, stride_d, stride_kb, stride_ks, stride_kd, stride_lb, stride_ls,
-    N_QUERIES, N_KEYS,
+def flash_bwd_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr,
+    stride_qz, stride_qh, stride_qs, stride_qd,
+    stride_kz, stride_kh, stride_ks, stride_kd,
+    stride_vz, stride_vh, stride_vs, stride_vd,
+    stride_dz, stride_dh, stride_ds, stride_dd,
+    stride_dqz, stride_dqh, stride_dqs, stride_dqd,
+    stride_dkz, stride_dkh, stride_dks, stride_dkd,
+    N_HEADS, N_QUERIES, N_KEYS,
     SCALE: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Pass 1: program (key_tile, batch) accumulates dK and dV for keys [k_start, +BLOCK_N).
-    BLOCK_N is a multiple of BLOCK_M, so the band is whole query tiles."""
-    key_tile = tl.program_id(0)
-    batch = tl.program_id(1)
-    k_start = key_tile * BLOCK_N
-    k_rows = k_start + tl.arange(0, BLOCK_N)
+    """Program (head, key_tile) accumulates dK and dV for keys [k_start, k_start + BLOCK_N) in
+    registers and, with ATOMIC_DQ, adds each query tile's share of dQ into an fp32 accumulator
+    (FlashAttention-2's scheme: five matmuls per score tile). Without it dQ is left to
+    `flash_bwd_dq_kernel`, which recomputes S and dP but adds in a fixed order. BLOCK_N is a
+    multiple of BLOCK_M, so the causal band is whole query tiles. dK and dV share a layout."""
+    head = tl.program_id(0)
+    k_start = tl.program_id(1) * BLOCK_N  # under the causal mask the first key tiles are the
+    k_rows = k_start + tl.arange(0, BLOCK_N)  # heaviest, and they start first
     cols = tl.arange(0, BLOCK_D)
-    k = _load_tile(k_ptr + batch * stride_kb, k_rows, stride_ks, cols, stride_kd, N_KEYS, D,
-                   EVEN_N, EVEN_D)
-    v = _load_tile(v_ptr + batch * stride_kb, k_rows, stride_ks, cols, stride_kd, N_KEYS, D,
-                   EVEN_N, EVEN_D)
-    q_base = q_ptr + batch * stride_b
-    do_base = do_ptr + batch * stride_b
-    lse_base = lse_ptr + batch * stride_lb
-    delta_base = delta_ptr + batch * stride_lb
+    k = _load_tile(_head_base(k_ptr, head, N_HEADS, stride_kz, stride_kh), k_rows, stride_ks,
+                   cols, stride_kd, N_KEYS, D, EVEN_N, EVEN_D)
+    v = _load_tile(_head_base(v_ptr, head, N_HEADS, stride_vz, stride_vh), k_rows, stride_vs,
+                   cols, stride_vd, N_KEYS, D, EVEN_N, EVEN_D)
+    q_base = _head_base(q_ptr, head, N_HEADS, stride_qz, stride_qh)
+    do_base = _head_base(do_ptr, head, N_HEADS, stride_dz, stride_dh)
+    dq_base = _head_base(dq_ptr, head, N_HEADS, stride_dqz, stride_dqh)
+    lse_base = lse_ptr + head.to(tl.int64) * N_QUERIES
+    delta_base = delta_ptr + head.to(tl.int64) * N_QUERIES
     grad_k = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     grad_v = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     qk_scale = SCALE * LOG2_E
 
-    # Queries before k_start cannot see this key tile under the causal mask, the band
-    # [k_start, k_start + BLOCK_N) sees part of it, and every later query sees all of it.
-    after_band = 0
+    first, whole_end = _query_ranges(k_start, N_QUERIES, BLOCK_M, BLOCK_N, IS_CAUSAL, EVEN_M)
+    grad_k, grad_v = _bwd_query_tiles(
+        grad_k, grad_v, k, v, k_rows, q_base, do_base, dq_base, lse_base, delta_base, stride_qs,
+        stride_qd, stride_ds, stride_dd, stride_dqs, stride_dqd, cols, first, whole_end,
+        N_QUERIES, N_KEYS, qk_scale, SCALE, D, BLOCK_M, True, EVEN_N, EVEN_D, False, ATOMIC_DQ,
+        DOT_PRECISION)
+    if not EVEN_M:  # the query tile that overhangs N_QUERIES, when past the band
+        grad_k, grad_v = _bwd_query_tiles(
+            grad_k, grad_v, k, v, k_rows, q_base, do_base, dq_base, lse_base, delta_base,
+            stride_qs, stride_qd, stride_ds, stride_dd, stride_dqs, stride_dqd, cols,
+            tl.maximum(first, whole_end), N_QUERIES, N_QUERIES, N_KEYS, qk_scale, SCALE, D,
+            BLOCK_M, False, EVEN_N, EVEN_D, False, ATOMIC_DQ, DOT_PRECISION)
     if IS_CAUSAL:
-        after_band = k_start + BLOCK_N
-    whole_end = N_QUERIES
-    if not EVEN_M:
-        whole_end = N_QUERIES // BLOCK_M * BLOCK_M
-    grad_k, grad_v = _dkdv_query_tiles(
-        grad_k, grad_v, k, v, k_rows, q_base, do_base, lse_base, delta_base, stride_s, stride_d,
-        stride_ls, cols, after_band, whole_end, N_QUERIES, qk_scale, D, BLOCK_M, True, EVEN_D,
-        False, DOT_PRECISION)
-    if not EVEN_M:  # the query tile that overhangs N_QUERIES, when after the band
-        grad_k, grad_v = _dkdv_query_tiles(
-            grad_k, grad_v, k, v, k_rows, q_base, do_base, lse_base, delta_base, stride_s,
-            stride_d, stride_ls, cols, tl.maximum(after_band, whole_end), N_QUERIES, N_QUERIES,
-            qk_scale, D, BLOCK_M, False, EVEN_D, False, DOT_PRECISION)
-    if IS_CAUSAL:
-        grad_k, grad_v = _dkdv_query_tiles(
-            grad_k, grad_v, k, v, k_rows, q_base, do_base, lse_base, delta_base, stride_s,
-            stride_d, stride_ls, cols, k_start, tl.minimum(k_start + BLOCK_N, N_QUERIES),
-            N_QUERIES, qk_scale, D, BLOCK_M, EVEN_M, EVEN_D, True, DOT_PRECISION)
+        grad_k, grad_v = _bwd_query_tiles(
+            grad_k, grad_v, k, v, k_rows, q_base, do_base, dq_base, lse_base, delta_base,
+            stride_qs, stride_qd, stride_ds, stride_dd, stride_dqs, stride_dqd, cols, k_start,
+            tl.minimum(k_start + BLOCK_N, N_QUERIES), N_QUERIES, N_KEYS, qk_scale, SCALE, D,
+            BLOCK_M, EVEN_M, EVEN_N, EVEN_D, True, ATOMIC_DQ, DOT_PRECISION)
 
-    offsets = batch * stride_kb
-    _store_tile(dk_ptr + offsets, k_rows, stride_ks, cols, stride_kd, N_KEYS, D, grad_k * SCALE,
-                EVEN_N, EVEN_D)
-    _store_tile(dv_ptr + offsets, k_rows, stride_ks, cols, stride_kd, N_KEYS, D, grad_v,
-                EVEN_N, EVEN_D)
+    _store_tile(_head_base(dk_ptr, head, N_HEADS, stride_dkz, stride_dkh), k_rows, stride_dks,
+                cols, stride_dkd, N_KEYS, D, grad_k * SCALE, EVEN_N, EVEN_D)
+    _store_tile(_head_base(dv_ptr, head, N_HEADS, stride_dkz, stride_dkh), k_rows, stride_dks,
+                cols, stride_dkd, N_KEYS, D, grad_v, EVEN_N, EVEN_D)
 
 
-# --- backward, pass 2: dQ --------------------------------------------------------------------
+# --- backward, deterministic dQ: from each query tile ----------------------------------------
 
 @triton.jit
 def _dq_key_tiles(grad_q, q, grad_o, lse, delta, q_rows, k_base, v_base, stride_ks, stride_kd,
-                  cols, k_lo, k_hi, N_KEYS, qk_scale,
+                  stride_vs, stride_vd, cols, k_lo, k_hi, N_KEYS, qk_scale,
                   D: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
                   EVEN_D: tl.constexpr, BAND: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Alg. 2 from one query tile's side, over the key tiles starting in [k_lo, k_hi)."""
     for k_start in range(k_lo, k_hi, BLOCK_N):
         k_rows = k_start + tl.arange(0, BLOCK_N)
         k = _load_tile(k_base, k_rows, stride_ks, cols, stride_kd, N_KEYS, D, EVEN_N, EVEN_D)
-        v = _load_tile(v_base, k_rows, stride_ks, cols, stride_kd, N_KEYS, D, EVEN_N, EVEN_D)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        v = _load_tile(v_base, k_rows, stride_vs, cols, stride_vd, N_KEYS, D, EVEN_N, EVEN_D)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        p = tl.exp2(scores * qk_scale - lse[:, None])
         if BAND:
-            scores = _causal_scores(scores, q_rows, k_rows)
-        p = tl.exp2(scores - lse[:, None] * LOG2_E)
+            p = tl.where(q_rows[:, None] >= k_rows[None, :], p, 0.0)
         if not EVEN_N:  # overhanging keys read k = 0, and exp(0 - L) may overflow
             p = tl.where((k_rows < N_KEYS)[None, :], p, 0.0)
         grad_p = tl.dot(grad_o, tl.trans(v), input_precision=DOT_PRECISION)
@@ -333,46 +438,53 @@ def _dq_key_tiles(grad_q, q, grad_o, lse, delta, q_rows, k_base, v_base, stride_
 @triton.jit
 def flash_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
-    stride_b, stride_s, stride_d, stride_kb, stride_ks, stride_kd, stride_lb, stride_ls,
-    N_QUERIES, N_KEYS,
+    stride_qz, stride_qh, stride_qs, stride_qd,
+    stride_kz, stride_kh, stride_ks, stride_kd,
+    stride_vz, stride_vh, stride_vs, stride_vd,
+    stride_dz, stride_dh, stride_ds, stride_dd,
+    stride_dqz, stride_dqh, stride_dqs, stride_dqd,
+    N_HEADS, N_QUERIES, N_KEYS,
     SCALE: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Pass 2: program (query_tile, batch) accumulates dQ for queries [q_start, +BLOCK_M).
-    BLOCK_M is a multiple of BLOCK_N, so the band is whole key tiles."""
-    query_tile = tl.program_id(0)
-    batch = tl.program_id(1)
+    """Program (head, query_tile) accumulates dQ for queries [q_start, q_start + BLOCK_M) in
+    a fixed order. BLOCK_M is a multiple of BLOCK_N, so the band is whole key tiles."""
+    head = tl.program_id(0)
+    query_tile = tl.program_id(1)
+    if IS_CAUSAL:
+        query_tile = tl.num_programs(1) - 1 - query_tile
     q_start = query_tile * BLOCK_M
     q_rows = q_start + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
-    q = _load_tile(q_ptr + batch * stride_b, q_rows, stride_s, cols, stride_d, N_QUERIES, D,
-                   EVEN_M, EVEN_D)
-    grad_o = _load_tile(do_ptr + batch * stride_b, q_rows, stride_s, cols, stride_d, N_QUERIES,
-                        D, EVEN_M, EVEN_D)
-    lse = _load_rows(lse_ptr + batch * stride_lb, q_rows, stride_ls, N_QUERIES, EVEN_M)
-    delta = _load_rows(delta_ptr + batch * stride_lb, q_rows, stride_ls, N_QUERIES, EVEN_M)
-    k_base = k_ptr + batch * stride_kb
-    v_base = v_ptr + batch * stride_kb
+    q = _load_tile(_head_base(q_ptr, head, N_HEADS, stride_qz, stride_qh), q_rows, stride_qs,
+                   cols, stride_qd, N_QUERIES, D, EVEN_M, EVEN_D)
+    grad_o = _load_tile(_head_base(do_ptr, head, N_HEADS, stride_dz, stride_dh), q_rows,
+                        stride_ds, cols, stride_dd, N_QUERIES, D, EVEN_M, EVEN_D)
+    lse = _load_rows(lse_ptr + head.to(tl.int64) * N_QUERIES, q_rows, N_QUERIES, EVEN_M) * LOG2_E
+    delta = _load_rows(delta_ptr + head.to(tl.int64) * N_QUERIES, q_rows, N_QUERIES, EVEN_M)
+    k_base = _head_base(k_ptr, head, N_HEADS, stride_kz, stride_kh)
+    v_base = _head_base(v_ptr, head, N_HEADS, stride_vz, stride_vh)
     grad_q = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     qk_scale = SCALE * LOG2_E
 
     whole_end, seen_end = _key_ranges(q_start, N_KEYS, BLOCK_N, IS_CAUSAL, EVEN_N)
     grad_q = _dq_key_tiles(grad_q, q, grad_o, lse, delta, q_rows, k_base, v_base, stride_ks,
-                           stride_kd, cols, 0, whole_end, N_KEYS, qk_scale, D, BLOCK_N, True,
-                           EVEN_D, False, DOT_PRECISION)
+                           stride_kd, stride_vs, stride_vd, cols, 0, whole_end, N_KEYS, qk_scale,
+                           D, BLOCK_N, True, EVEN_D, False, DOT_PRECISION)
     if not EVEN_N:
         grad_q = _dq_key_tiles(grad_q, q, grad_o, lse, delta, q_rows, k_base, v_base, stride_ks,
-                               stride_kd, cols, whole_end, seen_end, N_KEYS, qk_scale, D,
-                               BLOCK_N, False, EVEN_D, False, DOT_PRECISION)
+                               stride_kd, stride_vs, stride_vd, cols, whole_end, seen_end,
+                               N_KEYS, qk_scale, D, BLOCK_N, False, EVEN_D, False, DOT_PRECISION)
     if IS_CAUSAL:
         grad_q = _dq_key_tiles(grad_q, q, grad_o, lse, delta, q_rows, k_base, v_base, stride_ks,
-                               stride_kd, cols, q_start, tl.minimum(q_start + BLOCK_M, N_KEYS),
-                               N_KEYS, qk_scale, D, BLOCK_N, EVEN_N, EVEN_D, True, DOT_PRECISION)
+                               stride_kd, stride_vs, stride_vd, cols, q_start,
+                               tl.minimum(q_start + BLOCK_M, N_KEYS), N_KEYS, qk_scale, D,
+                               BLOCK_N, EVEN_N, EVEN_D, True, DOT_PRECISION)
 
-    _store_tile(dq_ptr + batch * stride_b, q_rows, stride_s, cols, stride_d, N_QUERIES, D,
-                grad_q * SCALE, EVEN_M, EVEN_D)
+    _store_tile(_head_base(dq_ptr, head, N_HEADS, stride_dqz, stride_dqh), q_rows, stride_dqs,
+                cols, stride_dqd, N_QUERIES, D, grad_q * SCALE, EVEN_M, EVEN_D)
 
 
 # --- launch configuration ------------------------------------------------------------------
@@ -386,94 +498,178 @@ def _tile(n, largest: int) -> int:
     return tile
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
-    return "tf32"  # ignored for bf16/fp16 operands
+FP32_PRECISIONS = ("ieee", "tf32x3", "tf32")
+# How fp32 inputs multiply: "ieee" on the FMA units in full fp32; "tf32" on the tensor cores
+# with 10-bit mantissas (relative error about 1e-3, inside the assignment's 1e-2); "tf32x3"
+# splits each operand in two tf32 parts and keeps three of the four products (about fp32's
+# accuracy at three tensor-core dots). See `fp32_precision` to change it.
+DEFAULT_FP32_PRECISION = "tf32x3"
+_fp32_precision = [DEFAULT_FP32_PRECISION]
 
 
-def _shape_constants(q: Tensor, n_keys, block_m: int, block_n: int, is_causal: bool) -> dict:
+@contextlib.contextmanager
+def fp32_precision(precision: str):
+    """Run fp32 inputs' dots at `precision` (one of FP32_PRECISIONS) in the forwards called
+    inside the block (each backward multiplies as its forward did). Read when the forward is
+    called, so torch.compile bakes in the value current when it traces; a compiled function
+    should pass `precision` to `FlashAttentionTriton.apply` instead."""
+    if precision not in FP32_PRECISIONS:
+        raise ValueError(f"unknown fp32 precision {precision!r}; allowed: "
+                         f"{', '.join(FP32_PRECISIONS)}")
+    _fp32_precision.append(precision)
+    try:
+        yield
+    finally:
+        _fp32_precision.pop()
+
+
+def current_fp32_precision() -> str:
+    """The precision fp32 inputs' dots run at now (`fp32_precision` changes it)."""
+    return _fp32_precision[-1]
+
+
+def _dot_precision(dtype: torch.dtype, precision: str) -> str:
+    if precision not in FP32_PRECISIONS:
+        raise ValueError(f"unknown fp32 precision {precision!r}; allowed: "
+                         f"{', '.join(FP32_PRECISIONS)}")
+    return precision if dtype == torch.float32 else "tf32"  # 16-bit dots ignore it
+
+
+def _shape_constants(q: Tensor, n_keys, block_m: int, block_n: int, is_causal: bool,
+                     precision: str) -> dict:
     """The kernels' compile-time arguments that the shape and dtype fix."""
-    n_queries, d = q.shape[1], int(q.shape[2])  # int(): d specializes under torch.compile
+    n_queries, d = q.shape[-2], int(q.shape[-1])  # int(): d specializes under torch.compile
     block_d = _tile(d, MAX_HEAD_DIM)
     return dict(SCALE=1.0 / math.sqrt(d), D=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
                 IS_CAUSAL=is_causal, EVEN_M=bool(n_queries % block_m == 0),
                 EVEN_N=bool(n_keys % block_n == 0), EVEN_D=d == block_d,
-                DOT_PRECISION=_dot_precision(q.dtype))
+                DOT_PRECISION=_dot_precision(q.dtype, precision))
 
 
 class Tiles(NamedTuple):
-    """A launch's tile sizes and its warps and software-pipelining stages."""
+    """A launch's tile sizes (query rows, key rows) and its warps and pipelining stages."""
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
 
 
-def _forward_tiles(n_queries, n_keys, d: int, dtype: torch.dtype) -> Tiles:
-    """The forward kernel's tiles; BLOCK_N divides BLOCK_M, so the causal band is whole key
-    tiles."""
-    if dtype == torch.float32:  # full-fp32 dots run on the FMA units: small tiles, no spills
-        block_m, block_n = 32, (32 if d <= 128 else 16)
-    else:
-        block_m, block_n = (128 if d <= 64 else 64), (64 if d <= 128 else 32)
-    block_m = _tile(n_queries, block_m)
-    block_n = _tile(n_keys, min(block_n, block_m))
-    return Tiles(block_m, block_n, 4 if block_m <= 64 else 8, 2)
+@functools.lru_cache
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1  # the interpreter: no grid to fill
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _backward_tiles(n_queries, n_keys, d: int, dtype: torch.dtype) -> tuple[Tiles, Tiles]:
-    """The tiles of the dK/dV pass and of the dQ pass. Each walks inner tiles inside its own
-    outer tile (query tiles inside a key tile, key tiles inside a query tile), so the inner tile
-    divides the outer one and the causal band is whole inner tiles. For 16-bit inputs up to
-    d 128, from sweeps on an H200 (bf16, causal, 16 x 16384; tiles 32 to 128, 4 or 8 warps, 1 to
-    3 stages, each pass on its own): dK/dV fastest with 64 x 64 tiles and 4 warps (3 stages at
-    d 64, 2 at d 128; 32-wide tiles were 2.8x slower at d 128), dQ with 128 query rows over 64
-    keys, 8 warps and 3 stages."""
-    if dtype == torch.float32:  # full-fp32 dots run on the FMA units: small tiles, no spills
-        side = 16 if d > 128 else 32
-        dkdv = dq = Tiles(side, side, 4 if d <= 128 else 8, 2)
+def _fill(programs, tile: int, least: int, multiprocessors: int) -> int:
+    """`tile` halved (down to `least`) while `programs(tile)` leaves multiprocessors idle."""
+    while tile > least and programs(tile) < multiprocessors:
+        tile //= 2
+    return tile
+
+
+def _forward_tiles(heads, n_queries, n_keys, d: int, dtype: torch.dtype, precision: str,
+                   sms: int = 1) -> Tiles:
+    """The forward kernel's tiles, from `scripts/sweep_flash.py` on an H100 (causal, bf16 unless
+    said; 10 tile sets, the best within 3% of each other merged into one rule): 128-row query
+    tiles over 64 keys beyond 2048 tokens (4 warps and 3 stages at d 64, 8 and 4 at d 80 to
+    128); 64 x 64 with 4 warps and 3 stages up to 2048 tokens at d 64; fp32 128 x 32 (tf32) or
+    128 x 64 (tf32x3) with 8 warps, 32 x 32 in IEEE. Where the grid would leave
+    multiprocessors idle, the query tile halves down to 64 rows. BLOCK_N divides BLOCK_M, so the
+    causal band is whole key tiles."""
+    if dtype == torch.float32:
+        block_m, block_n, warps, stages = {"ieee": (32, 32, 4, 2), "tf32": (128, 32, 8, 2),
+                                           "tf32x3": (128, 64, 8, 2)}[precision]
+        if d > 128:
+            block_m, block_n, warps = 32, 16, 4
     elif d > 128:
-        dkdv = dq = Tiles(32, 32, 8, 2)
+        block_m, block_n, warps, stages = 64, 32, 4, 2
+    elif d > 64:
+        block_m, block_n, warps, stages = 128, 64, 8, 4
+    elif n_queries > 2048:
+        block_m, block_n, warps, stages = 128, 64, 4, 3
     else:
-        dkdv, dq = Tiles(64, 64, 4, 3 if d <= 64 else 2), Tiles(128, 64, 8, 3)
-    dkdv_n, dq_m = _tile(n_keys, dkdv.block_n), _tile(n_queries, dq.block_m)
-    return (dkdv._replace(block_m=_tile(n_queries, min(dkdv.block_m, dkdv_n)), block_n=dkdv_n),
+        block_m, block_n, warps, stages = 64, 64, 4, 3
+    block_m = _fill(lambda m: heads * triton.cdiv(n_queries, m), _tile(n_queries, block_m),
+                    min(64, block_m), sms)
+    block_n = _tile(n_keys, min(block_n, block_m))
+    return Tiles(block_m, block_n, warps if block_m > 64 else 4, stages)
+
+
+def _backward_tiles(heads, n_queries, n_keys, d: int, dtype: torch.dtype, precision: str
+                    ) -> tuple[Tiles, Tiles]:
+    """The tiles of the key-tile kernel (query tiles inside a key tile) and of the dQ kernel
+    (key tiles inside a query tile): each inner tile divides its outer one, so the causal band
+    is whole inner tiles. 16-bit, from `scripts/sweep_flash.py` on an H100 (8 tile sets): the
+    key-tile kernel fastest with 64 x 64 tiles and 4 warps, 3 stages at d 64 and 2 above; the
+    dQ kernel with 128 query rows over 64 keys, 8 warps and 3 stages (an H200 sweep)."""
+    if dtype == torch.float32 and precision == "ieee":
+        side = 16 if d > 128 else 32
+        keys = dq = Tiles(side, side, 4 if d <= 128 else 8, 2)
+    elif dtype == torch.float32 or d > 128:
+        keys = dq = Tiles(32, 32, 8 if d > 128 else 4, 2)
+    else:
+        keys, dq = Tiles(64, 64, 4, 3 if d <= 64 else 2), Tiles(128, 64, 8, 3)
+    keys_n, dq_m = _tile(n_keys, keys.block_n), _tile(n_queries, dq.block_m)
+    return (keys._replace(block_m=_tile(n_queries, min(keys.block_m, keys_n)), block_n=keys_n),
             dq._replace(block_m=dq_m, block_n=_tile(n_keys, min(dq.block_n, dq_m))))
 
 
+def _heads(t: Tensor) -> Tensor:
+    """(batch, seq, d) as (batch, 1, seq, d), a view; (batch, heads, seq, d) as it is."""
+    return t.unsqueeze(1) if t.dim() == 3 else t
+
+
+def _like_heads(t: Tensor, shape=None, dtype=None) -> Tensor:
+    """An empty tensor shaped like `t` (or `shape`) in (batch, seq, heads, d) memory order, the
+    order in which (batch, heads, seq, d) -> (batch, seq, heads * d) is a view."""
+    shape = tuple(t.shape) if shape is None else tuple(shape)
+    if len(shape) == 3:
+        return t.new_empty(shape, dtype=dtype)
+    batch, heads, seq, d = shape
+    return t.new_empty((batch, seq, heads, d), dtype=dtype).transpose(1, 2)
+
+
 def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
-    """The forward operator's outputs, real or fake: o (contiguous, like q) and the logsumexp L
-    (batch, n_queries) in fp32."""
-    return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
+    """The forward operator's outputs, real or fake: o, shaped like q in (batch, seq, heads, d)
+    order, and the logsumexp L, q's shape without d, contiguous fp32."""
+    return _like_heads(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The backward operator's outputs, real or fake: dQ, dK, dV, contiguous."""
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    """The backward operator's outputs, real or fake: dQ, dK, dV in (batch, seq, heads, d)
+    order (dK and dV sharing a layout)."""
+    return _like_heads(q), _like_heads(k), _like_heads(v)
 
 
-def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, wrap=wrap_triton
-               ) -> tuple[Tensor, Tensor]:
-    """o (shaped like q, contiguous) and the logsumexp L (batch, n_queries) in fp32, from q, k, v
-    of any strides."""
-    check_attention_inputs(q, k, v)
+def _strides(*tensors: Tensor) -> list:
+    return [s for t in tensors for s in _heads(t).stride()]
+
+
+def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, precision: str,
+               wrap=wrap_triton, tiles: Tiles | None = None) -> tuple[Tensor, Tensor]:
+    """o and the logsumexp L from q, k, v of any strides: (batch, seq, d) or
+    (batch, heads, seq, d). `tiles` overrides the launch's (for sweeps)."""
+    check_attention_inputs(q, k, v, heads=True)
     require_triton_device(q, k, v)
-    batch, n_queries, d = q.shape
-    n_keys = k.shape[1]
     o, logsumexp = _forward_outputs(q)
-    tiles = _forward_tiles(n_queries, n_keys, d, q.dtype)
-    wrap(flash_fwd_kernel)[(triton.cdiv(n_queries, tiles.block_m), batch)](
-        q, k, v, o, logsumexp,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *logsumexp.stride(),
-        n_queries, n_keys, **_shape_constants(q, n_keys, tiles.block_m, tiles.block_n, is_causal),
+    q4 = _heads(q)
+    batch, n_heads, n_queries, d = q4.shape
+    n_keys = k.shape[-2]
+    heads = batch * n_heads
+    tiles = tiles or _forward_tiles(heads, n_queries, n_keys, d, q.dtype, precision,
+                                    _multiprocessors(q.device))
+    wrap(flash_fwd_kernel)[(heads, triton.cdiv(n_queries, tiles.block_m))](
+        q, k, v, o, logsumexp, *_strides(q, k, v, o), n_heads, n_queries, n_keys,
+        **_shape_constants(q, n_keys, tiles.block_m, tiles.block_n, is_causal, precision),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     return o, logsumexp
 
 
-def _flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
-    return _flash_fwd(q, k, v, is_causal)
+def _flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, precision: str
+                    ) -> tuple[Tensor, Tensor]:
+    return _flash_fwd(q, k, v, is_causal, precision)
 
 
 flash_attn_fwd = triton_op("cs336::flash_attn_fwd", _flash_attn_fwd, mutates_args=())
@@ -482,39 +678,71 @@ flash_attn_fwd = triton_op("cs336::flash_attn_fwd", _flash_attn_fwd, mutates_arg
 # Explicit fakes: triton_op's own would run the body, which under TRITON_INTERPRET=1 launches the
 # interpreter on tensors without data.
 @flash_attn_fwd.register_fake
-def _flash_attn_fwd_fake(q: Tensor, k: Tensor, v: Tensor, is_causal: bool
+def _flash_attn_fwd_fake(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, precision: str
                          ) -> tuple[Tensor, Tensor]:
-    check_attention_inputs(q, k, v)
+    check_attention_inputs(q, k, v, heads=True)
     return _forward_outputs(q)
 
 
-def _flash_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor,
-               grad_o: Tensor, is_causal: bool, wrap=wrap_triton
-               ) -> tuple[Tensor, Tensor, Tensor]:
-    """dQ, dK, dV (contiguous) from the forward's inputs, o and L, and dO."""
-    # q, o and dO share one layout (contiguous), as do k and v, and the gradients
-    q, k, v, o, grad_o = (t.contiguous() for t in (q, k, v, o, grad_o))
-    batch, n_queries, d = q.shape
-    n_keys = k.shape[1]
-    delta = (grad_o.float() * o.float()).sum(dim=-1)                   # D = rowsum(dO * O)
-    grad_q, grad_k, grad_v = _backward_outputs(q, k, v)
-    dkdv, dq = _backward_tiles(n_queries, n_keys, d, q.dtype)
+# Where dQ comes from: atomic adds from the key-tile kernel (FlashAttention-2's scheme, five
+# matmuls per score tile) or its own kernel over query tiles (seven, adding in a fixed order).
+# On an H100 (scripts/sweep_flash.py, bf16, causal, each with its best of 8 tile sets) its own
+# kernel was the faster on 8 of 10 shapes: 3.68 against 4.50 ms of backward at 16 x 16384 x 64,
+# 6.61 against 6.97 ms at d 128; the atomic adds won at batch 1 x 4096 x 64 (0.105 against
+# 0.116 ms) and tied at 48 x 1000 x 64. So the default is the separate kernel, which is also
+# deterministic; with ATOMIC_DQ set, torch's deterministic-algorithms switch still forces it.
+ATOMIC_DQ = False
 
-    def launch(tiles: Tiles) -> dict:
-        return dict(**_shape_constants(q, n_keys, tiles.block_m, tiles.block_n, is_causal),
-                    num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-    strides = (*q.stride(), *k.stride(), *logsumexp.stride())
-    wrap(flash_bwd_dkdv_kernel)[(triton.cdiv(n_keys, dkdv.block_n), batch)](
-        q, k, v, grad_o, logsumexp, delta, grad_k, grad_v, *strides, n_queries, n_keys,
-        **launch(dkdv))
-    wrap(flash_bwd_dq_kernel)[(triton.cdiv(n_queries, dq.block_m), batch)](
-        q, k, v, grad_o, logsumexp, delta, grad_q, *strides, n_queries, n_keys, **launch(dq))
+
+def atomic_dq() -> bool:
+    return ATOMIC_DQ and not torch.are_deterministic_algorithms_enabled()
+
+
+def _flash_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor,
+               grad_o: Tensor, is_causal: bool, precision: str, wrap=wrap_triton,
+               tiles: tuple[Tiles, Tiles] | None = None, atomic: bool | None = None
+               ) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV from the forward's inputs, o and L, and dO, any strides: three launches (D,
+    the key-tile kernel, the dQ kernel), or with atomic adds two and a cast (D and the zeroed
+    fp32 dQ accumulator, then the key-tile kernel adding into it); `tiles` and `atomic`
+    override (for sweeps)."""
+    atomic = atomic_dq() if atomic is None else atomic
+    q4 = _heads(q)
+    batch, n_heads, n_queries, d = q4.shape
+    n_keys = k.shape[-2]
+    heads = batch * n_heads
+    grad_q, grad_k, grad_v = _backward_outputs(q, k, v)
+    keys, dq = tiles or _backward_tiles(heads, n_queries, n_keys, d, q.dtype, precision)
+    # with atomic adds, dQ accumulates in fp32 (in place for fp32 inputs), then is cast
+    accumulate = grad_q if q.dtype == torch.float32 or not atomic else _like_heads(
+        q, dtype=torch.float32)
+    logsumexp = logsumexp.contiguous()
+    delta = torch.empty_like(logsumexp)                                # D = rowsum(dO * O)
+    constants = _shape_constants(q, n_keys, keys.block_m, keys.block_n, is_causal, precision)
+    even = dict(EVEN_M=constants["EVEN_M"], EVEN_D=constants["EVEN_D"])
+    wrap(flash_bwd_prepare_kernel)[(heads, triton.cdiv(n_queries, keys.block_m))](
+        o, grad_o, delta, accumulate, *_strides(o, grad_o, accumulate), n_heads, n_queries,
+        D=d, BLOCK_D=constants["BLOCK_D"], BLOCK_M=keys.block_m, ZERO_DQ=atomic, **even,
+        num_warps=4)
+    wrap(flash_bwd_kernel)[(heads, triton.cdiv(n_keys, keys.block_n))](
+        q, k, v, grad_o, logsumexp, delta, accumulate, grad_k, grad_v,
+        *_strides(q, k, v, grad_o, accumulate, grad_k), n_heads, n_queries, n_keys,
+        **constants, ATOMIC_DQ=atomic, num_warps=keys.num_warps, num_stages=keys.num_stages)
+    if not atomic:
+        wrap(flash_bwd_dq_kernel)[(heads, triton.cdiv(n_queries, dq.block_m))](
+            q, k, v, grad_o, logsumexp, delta, grad_q, *_strides(q, k, v, grad_o, grad_q),
+            n_heads, n_queries, n_keys,
+            **_shape_constants(q, n_keys, dq.block_m, dq.block_n, is_causal, precision),
+            num_warps=dq.num_warps, num_stages=dq.num_stages)
+    elif accumulate is not grad_q:
+        grad_q = accumulate.to(q.dtype)  # keeps the (batch, seq, heads, d) order
     return grad_q, grad_k, grad_v
 
 
 def _flash_attn_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor,
-                    grad_o: Tensor, is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return _flash_bwd(q, k, v, o, logsumexp, grad_o, is_causal)
+                    grad_o: Tensor, is_causal: bool, precision: str
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+    return _flash_bwd(q, k, v, o, logsumexp, grad_o, is_causal, precision)
 
 
 flash_attn_bwd = triton_op("cs336::flash_attn_bwd", _flash_attn_bwd, mutates_args=())
@@ -522,7 +750,8 @@ flash_attn_bwd = triton_op("cs336::flash_attn_bwd", _flash_attn_bwd, mutates_arg
 
 @flash_attn_bwd.register_fake
 def _flash_attn_bwd_fake(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor,
-                         grad_o: Tensor, is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+                         grad_o: Tensor, is_causal: bool, precision: str
+                         ) -> tuple[Tensor, Tensor, Tensor]:
     return _backward_outputs(q, k, v)
 
 
@@ -542,11 +771,13 @@ def _unwrapped(kernel):
 
 
 def _save_for_backward(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
-    """Keeps L, q, k, v and o, the tensors the assignment's backward reads, and the mask flag."""
-    q, k, v, is_causal = inputs
+    """Keeps L, q, k, v and o, the tensors the assignment's backward reads, the mask flag, and
+    the fp32 precision, so that the backward multiplies as the forward did."""
+    q, k, v, is_causal, precision = inputs
     o, logsumexp = output
     ctx.save_for_backward(logsumexp, q, k, v, o)
     ctx.is_causal = is_causal
+    ctx.precision = precision
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
@@ -554,30 +785,35 @@ def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
     ctx.mark_non_differentiable(output[1])  # L is for the backward; no gradient flows into it
 
 
-def _backward(ctx, grad_o: Tensor, *_grad_logsumexp) -> tuple[Tensor, Tensor, Tensor, None]:
+def _backward(ctx, grad_o: Tensor, *_grad_logsumexp) -> tuple[Tensor | None, ...]:
     logsumexp, q, k, v, o = ctx.saved_tensors
+    args = (q, k, v, o, logsumexp, grad_o, ctx.is_causal, ctx.precision)
     if _direct(q, grad_o):
-        grads = _flash_bwd(q, k, v, o, logsumexp, grad_o, ctx.is_causal, wrap=_unwrapped)
+        grads = _flash_bwd(*args, wrap=_unwrapped)
     else:
-        grads = torch.ops.cs336.flash_attn_bwd(q, k, v, o, logsumexp, grad_o, ctx.is_causal)
-    return *grads, None
+        grads = torch.ops.cs336.flash_attn_bwd(*args)
+    return *grads, None, None
 
 
 flash_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 class FlashAttentionTriton(torch.autograd.Function):
-    """`FlashAttentionTriton.apply(q, k, v, is_causal=False)` -> o: Triton forward and backward,
-    the `cs336::flash_attn_fwd` and `cs336::flash_attn_bwd` operators (their bodies directly in
-    eager mode, see `_direct`)."""
+    """`FlashAttentionTriton.apply(q, k, v, is_causal=False, precision=None)` -> o: Triton
+    forward and backward, the `cs336::flash_attn_fwd` and `cs336::flash_attn_bwd` operators
+    (their bodies directly in eager mode, see `_direct`). `precision` is fp32 inputs' (one of
+    FP32_PRECISIONS; None: `current_fp32_precision()`); the backward multiplies as the forward
+    did."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+                precision: str | None = None) -> Tensor:
+        precision = precision or current_fp32_precision()
         if _direct(q):
-            output = _flash_fwd(q, k, v, is_causal, wrap=_unwrapped)
+            output = _flash_fwd(q, k, v, is_causal, precision, wrap=_unwrapped)
         else:
-            output = torch.ops.cs336.flash_attn_fwd(q, k, v, is_causal)
-        _save_for_backward(ctx, (q, k, v, is_causal), output)
+            output = torch.ops.cs336.flash_attn_fwd(q, k, v, is_causal, precision)
+        _save_for_backward(ctx, (q, k, v, is_causal, precision), output)
         return output[0]
 
     backward = staticmethod(_backward)
@@ -590,4 +826,4 @@ class FlashAttentionTritonTorchBackward(FlashAttentionTriton):
     def backward(ctx, grad_o: Tensor):
         logsumexp, q, k, v, o = ctx.saved_tensors
         grads = compiled_flash_backward(q, k, v, o, logsumexp, grad_o, ctx.is_causal)
-        return *grads, None
+        return *grads, None, None

@@ -130,11 +130,22 @@ def _per_head(kernel, q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tenso
 
 
 def flash_triton_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
-    """FlashAttention-2, Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1)."""
+    """FlashAttention-2, Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). They take
+    (batch, heads, seq, d) views as they are, so heads are not folded (which would copy)."""
     from cs336_systems.kernels.flash_triton import (
         FlashAttentionTriton,  # triton only when used
     )
+    if q.dim() in (3, 4):
+        return FlashAttentionTriton.apply(q, k, v, is_causal)
     return _per_head(FlashAttentionTriton, q, k, v, is_causal)
+
+
+def flash_triton_ieee_attention(q: Tensor, k: Tensor, v: Tensor,
+                                is_causal: bool = False) -> Tensor:
+    """`flash_triton_attention` with fp32 inputs' dots in full fp32 ("ieee", on the FMA units),
+    forward and backward, rather than the kernels' default precision; 16-bit inputs as there."""
+    from cs336_systems.kernels.flash_triton import FlashAttentionTriton
+    return FlashAttentionTriton.apply(q, k, v, is_causal, "ieee")
 
 
 def flash_pytorch_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
@@ -162,6 +173,8 @@ ATTENTION_IMPLEMENTATIONS: dict[str, Attention] = {
     "sdpa-cudnn": Attention(sdpa_cudnn_attention, "SDPA cuDNN", pinned_backend=True),
     "flash-triton": Attention(flash_triton_attention, "Triton FA2",
                               "cs336_systems.kernels.flash_triton"),
+    "flash-triton-ieee": Attention(flash_triton_ieee_attention, "Triton FA2, fp32 in IEEE",
+                                   "cs336_systems.kernels.flash_triton"),
     "flash-pytorch": Attention(flash_pytorch_attention, "PyTorch FA2 (tiled)",
                                "cs336_systems.kernels.flash_pytorch"),
 }

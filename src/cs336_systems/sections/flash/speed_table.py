@@ -54,6 +54,10 @@ def target_row(target: Target, record: dict, shape) -> dict:
     if record["status"] != "ok":
         return _not_ok(row, record["status"], reason(record.get("message")))
     found = _measurements(record)
+    needed = [target.ours, *([target.reference] if target.reference else [])]
+    if missing := [run.label for run in needed if (run.key, tuple(shape)) not in found]:
+        return _not_ok(row, "missing", f"{', '.join(missing)} not in the group's record, which "
+                       "predates this target; rerun the group's job")
     ours = found[(target.ours.key, tuple(shape))]
     reference = found[(target.reference.key, tuple(shape))] if target.reference else None
     row.update(value=ours.get("value"), value_std=ours.get("std"))
@@ -180,10 +184,13 @@ def speed_facts(table: pd.DataFrame, record_paths: list[str]) -> dict:
 
 
 def not_measured(table: pd.DataFrame) -> list[dict]:
-    """The rows that were not measured, grouped by status and reason: {status, reason, rows}."""
+    """The rows that were not measured, grouped by status and reason: {status, reason, rows},
+    each (title, shape) once (targets against two references share a title and a shape)."""
     groups: dict[tuple[str, str], list[str]] = {}
     for _, r in table[table["status"] != "ok"].iterrows():
         where = f"{r['title']} at {r['shape']}" if r["shape"] else r["title"]
-        groups.setdefault((r["status"], r["reason"]), []).append(where)
+        rows = groups.setdefault((r["status"], r["reason"]), [])
+        if where not in rows:
+            rows.append(where)
     return [{"status": status, "reason": why, "rows": rows}
             for (status, why), rows in groups.items()]

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cs336_systems.lm.attention import attention_label, attention_modules
+from cs336_systems.lm.model import MODEL_SIZES
 
 OURS = "flash-triton"
 # The dtype of the targets on the sweep's shapes ("bf16, seq >= 4096, every d in the sweep").
@@ -35,6 +36,17 @@ SDPA_FLASH_FROM_SEQ = 4096
 PYTORCH_FROM_SEQ = 1024
 # Our forward+backward must run (no out-of-memory) up to this length.
 LONGEST_SEQ = 65536
+# Long sequences, where the GPU is busy: the leaderboard's batch at 16384 (d 64 and 128) and at
+# 4096, and one sequence of 65536, held against SDPA's cuDNN backend.
+LONG_SHAPES = ((16, 16384, 64), (16, 16384, 128), (16, 4096, 64), (1, 65536, 64))
+# The attention our models run: (batch x heads, context, d_head) of a model size at a batch and
+# context, and the 2026 leaderboard model's heads (32 of d 128) on one 2048-token sequence.
+MODEL_CASES = (("small", 4, 512), ("2.7b", 4, 512), ("2.7b", 1, 2048))
+LEADERBOARD_8B_HEADS = (32, 2048, 128)
+# Batch 1 at 4096: too few query tiles to fill the GPU unless the tiles shrink.
+BATCH_ONE_SHAPES = ((1, 4096, 64), (1, 4096, 128))
+# fp32 forward at the default precision against full-fp32 ("ieee") dots.
+FP32_SHAPE = (16, 4096, 64)
 # The best 2025 class leaderboard entry (ms, on an H100): quoted, never measured here.
 CLASS_BEST_MS = 5.364
 
@@ -140,6 +152,19 @@ def _longest(flash: dict) -> Case:
                 SWEEP_DTYPE, flash["causal"])
 
 
+def _fixed(shapes: tuple, dtype: str = "bf16") -> Callable[[dict], Case]:
+    def case(flash: dict) -> Case:
+        return Case(tuple(shapes), dtype, causal=True)
+    return case
+
+
+def _model_shapes() -> tuple[tuple[int, int, int], ...]:
+    def shape(size: str, batch: int, context: int) -> tuple[int, int, int]:
+        spec = MODEL_SIZES[size]
+        return batch * spec.num_heads, context, spec.d_model // spec.num_heads
+    return (*(shape(*case) for case in MODEL_CASES), LEADERBOARD_8B_HEADS)
+
+
 UNITS = {"forward_backward_ms": "ms", "forward_ms": "ms", "longest_seq": "tokens",
          "cold_compile_s": "s"}
 UNITS_SHOWN = {"x": "x", "ms": " ms", "s": " s", "tokens": ""}
@@ -149,6 +174,10 @@ GROUPS: dict[str, Group] = {g.name: g for g in (
     Group("forward", "versus", "forward_ms", _forward),
     Group("sdpa_flash_sweep", "versus", "forward_backward_ms", _sweep_from(SDPA_FLASH_FROM_SEQ)),
     Group("pytorch_sweep", "versus", "forward_backward_ms", _sweep_from(PYTORCH_FROM_SEQ)),
+    Group("long", "versus", "forward_backward_ms", _fixed(LONG_SHAPES)),
+    Group("model_shapes", "versus", "forward_backward_ms", _fixed(_model_shapes())),
+    Group("batch_one", "versus", "forward_backward_ms", _fixed(BATCH_ONE_SHAPES)),
+    Group("fp32_forward", "versus", "forward_ms", _fixed((FP32_SHAPE,), "fp32")),
     Group("longest", "longest", "longest_seq", _longest),
     Group("cold_compile", "cold_compile", "cold_compile_s", _leaderboard),
 )}
@@ -164,6 +193,20 @@ TARGETS: tuple[Target, ...] = (
            stretch=True),
     Target("forward_vs_sdpa_flash", "forward alone", "forward", AttentionRun(OURS), "<=", 1.0,
            AttentionRun("sdpa-flash")),
+    Target("forward_vs_sdpa_cudnn", "forward alone", "forward", AttentionRun(OURS), "<=", 1.0,
+           AttentionRun("sdpa-cudnn")),
+    Target("long_vs_sdpa_cudnn", "forward+backward, long sequences", "long", AttentionRun(OURS),
+           "<=", 1.0, AttentionRun("sdpa-cudnn")),
+    Target("long_vs_sdpa_cudnn_stretch", "forward+backward, long sequences", "long",
+           AttentionRun(OURS), "<=", 0.9, AttentionRun("sdpa-cudnn"), stretch=True),
+    Target("models_vs_sdpa_flash", "forward+backward, the models' heads", "model_shapes",
+           AttentionRun(OURS), "<=", 1.0, AttentionRun("sdpa-flash")),
+    Target("models_vs_sdpa_cudnn", "forward+backward, the models' heads", "model_shapes",
+           AttentionRun(OURS), "<=", 1.0, AttentionRun("sdpa-cudnn"), stretch=True),
+    Target("batch_one_vs_sdpa_flash", "forward+backward, batch 1 at 4096", "batch_one",
+           AttentionRun(OURS), "<=", 1.25, AttentionRun("sdpa-flash")),
+    Target("fp32_forward_vs_ieee", "fp32 forward at the default precision", "fp32_forward",
+           AttentionRun(OURS), "<=", 0.25, AttentionRun("flash-triton-ieee")),
     Target("sweep_vs_sdpa_flash", f"forward+backward, seq ≥ {SDPA_FLASH_FROM_SEQ}",
            "sdpa_flash_sweep", AttentionRun(OURS), "<=", 1.25, AttentionRun("sdpa-flash")),
     Target("sweep_vs_eager", f"forward+backward, seq ≥ {PYTORCH_FROM_SEQ}", "pytorch_sweep",
