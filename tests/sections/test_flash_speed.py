@@ -486,3 +486,19 @@ def checkout(tmp_path_factory) -> Path:
 def test_snakemake_plans_one_speed_job_per_group(checkout, preset):
     jobs = stale_jobs(checkout, "--config", f"preset={preset}")
     assert jobs["flash_speed"] == len(GROUPS) and jobs["flash_tables"] == 1
+
+
+def test_a_record_from_before_a_target_says_what_is_missing(tmp_path):
+    """A group's record measured before one of its targets existed (no cuDNN in the forward
+    group): that target's row is `missing`, says which implementation and what to do, and the
+    group's other target is judged as before."""
+    shape = (16, 16384, 64)
+    path = _record(tmp_path, "forward", [_measured("flash-triton", shape, 1.0, metric="forward_ms"),
+                                         _measured("sdpa-flash", shape, 2.0, metric="forward_ms")],
+                   [shape])
+    rows = {r["target"]: r for r in speed_report.speed_rows([path])}
+    assert rows["forward_vs_sdpa_flash"]["meets_target"] is True
+    missing = rows["forward_vs_sdpa_cudnn"]
+    assert missing["status"] == "missing" and missing["meets_target"] is None
+    assert missing["reason"].startswith("SDPA cuDNN not in the group's record")
+    assert "rerun the group's job" in missing["reason"]
