@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 
+from cs336_systems.pipeline import records
 from cs336_systems.pipeline.records import run_and_record, write_json_atomic
 from cs336_systems.sections.benchmark import time_step as benchmark
 
@@ -78,3 +79,88 @@ def test_benchmark_cli_rejects_bad_arguments(tmp_path, capsys, argv, message):
     assert info.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+# --- damaged records: each says which file, what is wrong, and how to measure it again ------
+
+def _written(tmp_path, text: str) -> str:
+    path = tmp_path / "results" / "quick" / "flash" / "eager_seq256_d64_bf16.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+
+def _good_record() -> dict:
+    return records.make_record("flash", {"seq": 256}, "ok", {"forward_ms_median": 1.0},
+                               env={"git": "abc"})
+
+
+def _damage_message(path: str) -> str:
+    with pytest.raises(records.DamagedRecord) as caught:
+        records.read_record(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ")
+    assert message.endswith(f"`snakemake --cores 1 --force {path} --config preset=quick`.")
+    return message
+
+
+def test_a_truncated_record_names_the_file_and_the_command(tmp_path):
+    text = json.dumps(_good_record(), indent=1)
+    message = _damage_message(_written(tmp_path, text[:100]))
+    assert "not valid JSON" in message and "may be truncated" in message
+
+
+@pytest.mark.parametrize("key", records.RECORD_KEYS)
+def test_a_record_without_a_key_says_which(tmp_path, key):
+    record = _good_record()
+    del record[key]
+    message = _damage_message(_written(tmp_path, json.dumps(record)))
+    assert f"missing '{key}'" in message
+
+
+def test_a_record_with_an_unknown_status_names_the_known_ones(tmp_path):
+    record = {**_good_record(), "status": "done"}
+    message = _damage_message(_written(tmp_path, json.dumps(record)))
+    assert "unknown status 'done'" in message and "ok, oom, skipped, error" in message
+
+
+def test_a_json_list_is_not_a_record(tmp_path):
+    assert "a record is a JSON object, this is a list" in _damage_message(
+        _written(tmp_path, "[1, 2]"))
+
+
+def test_a_good_record_reads_back_and_check_records_counts_them(tmp_path):
+    path = _written(tmp_path, json.dumps(_good_record()))
+    assert records.read_record(path) == json.loads(json.dumps(_good_record()))
+    results = tmp_path / "results" / "quick"
+    (results / "sections").mkdir()
+    (results / "sections" / "flash.json").write_text("{}")  # facts, not a record
+    assert records.check_records(results) == 1
+    (results / "flash" / "broken.json").write_text('{"section": ')
+    with pytest.raises(records.DamagedRecord, match="broken.json: not valid JSON"):
+        records.check_records(results)
+
+
+def test_rerender_refuses_an_archive_with_a_damaged_record(tmp_path, capsys, monkeypatch):
+    """`archive rerender` checks the archive's records before rendering anything: exit 2 and
+    the damage, no traceback."""
+    import tarfile
+
+    from cs336_systems.pipeline import archive
+
+    path = _written(tmp_path, json.dumps(_good_record())[:80])
+    config = tmp_path / "config.resolved.yaml"
+    config.write_text("preset: quick\n")
+    tarball = tmp_path / "quick.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        tar.add(path, arcname="results/quick/flash/eager_seq256_d64_bf16.json")
+        tar.add(config, arcname="config.resolved.yaml")
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    monkeypatch.chdir(checkout)
+    with pytest.raises(SystemExit) as exit_:
+        archive.main(["rerender", str(tarball)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "results/quick/flash/eager_seq256_d64_bf16.json: not valid JSON" in err
+    assert "Traceback" not in err

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from cs336_systems.pipeline.records import git_commit
+from cs336_systems.pipeline.records import DamagedRecord, check_records, git_commit
 
 HEAVY_SUFFIXES = (".trace.json.gz", ".nsys-rep", ".pickle.gz", ".snapshot.gz",
                   ".memory_viz.html")
@@ -109,6 +109,7 @@ def rerender(archive: str | Path, workdir: str | Path = ".", cores: int = 1) -> 
     now = time.time()
     for member in members:
         os.utime(workdir / member.name, (now, now))
+    check_records(workdir / "results" / preset)  # a damaged record: which, and what to do
     tables = [f"{section}_tables" for section in SECTIONS]
     subprocess.run([sys.executable, "-m", "snakemake", "report/writeup.md", "--cores", str(cores),
                     "--config", f"preset={preset}", "--allowed-rules", *tables,
@@ -131,7 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("archive", help="a tarball written by `snakemake archive`")
     parser.add_argument("--cores", type=int, default=1)
     args = parser.parse_args(argv)
-    rerender(args.archive, cores=args.cores)
+    try:
+        rerender(args.archive, cores=args.cores)
+    except DamagedRecord as damaged:
+        parser.exit(2, f"{damaged}\n")
 
 
 if __name__ == "__main__":

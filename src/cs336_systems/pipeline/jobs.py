@@ -186,13 +186,19 @@ def section_tables(job: Job) -> None:
     from cs336_systems.report.job_times import record_times
     from cs336_systems.sections import Section
 
+    from cs336_systems.pipeline.records import DamagedRecord
+
     inputs = {k: v for k, v in _named(job.input).items() if k != "code"}
     outputs = {k: v[0] for k, v in _named(job.output).items() if k != "facts"}
-    with log_to(job.log[0]):
-        facts = Section(job.params.section).report().build(inputs, dict(job.params.options),
-                                                           outputs)
-        facts["job_times"] = record_times(p for paths in inputs.values() for p in paths)
-        write_facts(job.output.facts, facts)
+    try:
+        with log_to(job.log[0]):
+            facts = Section(job.params.section).report().build(inputs, dict(job.params.options),
+                                                               outputs)
+            facts["job_times"] = record_times(p for paths in inputs.values() for p in paths)
+            write_facts(job.output.facts, facts)
+    except DamagedRecord as damaged:  # the file and the command that re-measures it, on the
+        print(damaged, file=sys.stderr)  # console rather than a traceback in the log only
+        raise SystemExit(1) from None
 
 
 def section_markdown(job: Job) -> None:

@@ -180,6 +180,54 @@ def run_and_record(section: str, config: dict, output: str | Path,
     return record
 
 
+RECORD_KEYS = ("section", "config", "status", "metrics", "env")
+# Folders of a preset's results that hold no records: the report's own outputs and job logs.
+NOT_RECORDS = ("sections", "tables", "figures", "logs")
+
+
+class DamagedRecord(ValueError):
+    """A record file that is not a record: it names the file, what is wrong with it and the
+    command that measures its configuration again."""
+
+
+def remeasure_command(path: str | Path) -> str:
+    """The command that re-measures the configuration whose record is at `path`
+    (results/<preset>/...): Snakemake forced on that one file."""
+    parts = Path(path).parts
+    preset = parts[parts.index("results") + 1] if "results" in parts[:-2] else None
+    config = f" --config preset={preset}" if preset else ""
+    return f"snakemake --cores 1 --force {path}{config}"
+
+
 def read_record(path: str | Path) -> dict:
-    with open(path) as f:
-        return json.load(f)
+    """The record at `path`, checked: valid JSON, an object with the contract's keys
+    (RECORD_KEYS) and a known status; anything else raises `DamagedRecord`."""
+    def damaged(what: str) -> DamagedRecord:
+        return DamagedRecord(f"{path}: {what}. Measure it again with "
+                             f"`{remeasure_command(path)}`.")
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except json.JSONDecodeError as error:
+        raise damaged(f"not valid JSON ({error.msg} at line {error.lineno}, column "
+                      f"{error.colno}); the file may be truncated") from None
+    if not isinstance(record, dict):
+        raise damaged(f"a record is a JSON object, this is a {type(record).__name__}")
+    if missing := [key for key in RECORD_KEYS if key not in record]:
+        raise damaged(f"missing {', '.join(repr(k) for k in missing)} (a record has "
+                      f"{', '.join(RECORD_KEYS)})")
+    if record["status"] not in STATUSES:
+        raise damaged(f"unknown status {record['status']!r} (a record's status is one of "
+                      f"{', '.join(STATUSES)})")
+    return record
+
+
+def check_records(results_dir: str | Path) -> int:
+    """Reads every record under a preset's results folder through `read_record` (raising on the
+    first damaged one); returns how many there are."""
+    results_dir = Path(results_dir)
+    paths = [p for p in sorted(results_dir.rglob("*.json"))
+             if p.relative_to(results_dir).parts[0] not in NOT_RECORDS]
+    for path in paths:
+        read_record(path)
+    return len(paths)
