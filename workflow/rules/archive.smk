@@ -18,5 +18,7 @@ rule archive:
         preset_config=P,
         results_dir=lambda wildcards, input: str(Path(input.facts[0]).parent.parent),
         heavy=config.get("archive_heavy", False),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT

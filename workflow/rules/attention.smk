@@ -43,6 +43,8 @@ rule attention:
             "warmup": ATTN["warmup"], "iterations": ATTN["iterations"], "device": DEVICE},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -71,6 +73,8 @@ rule benchmark_compiled:
                                 **trains(wildcards.mode)},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -96,5 +100,7 @@ rule attention_tables:
         job="section_tables",
         section="attention",
         options={"assignment": ASSIGNMENT["attention"]},
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT

@@ -45,6 +45,8 @@ rule benchmark:
                                 **trains(wildcards.mode)},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -69,5 +71,7 @@ rule benchmark_tables:
         section="benchmark",
         options={"main_warmup_steps": BENCH["warmup_steps"],
                  "assignment": ASSIGNMENT["benchmark"]},
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT

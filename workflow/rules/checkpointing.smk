@@ -46,6 +46,8 @@ rule checkpointing:
             "device": DEVICE},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -67,6 +69,8 @@ rule checkpointing_nested:
         # always the CPU: a check of the simulator, with the live-tensor stand-in
         args=lambda wildcards: {**wildcards, "blocks": CKPT["nested"]["blocks"],
                                 "device": "cpu"},
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -99,5 +103,7 @@ rule checkpointing_tables:
         job="section_tables",
         section="checkpointing",
         options={"simulation": CKPT["simulation"], "assignment": ASSIGNMENT["checkpointing"]},
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT

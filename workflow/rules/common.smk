@@ -19,6 +19,9 @@ TABLES = f"{RESULTS}/tables"
 FIGURES = f"{RESULTS}/figures"
 SECTION_DIR = f"{RESULTS}/sections"
 LOGS = f"{RESULTS}/logs"
+# Every rule's software for `--software-deployment-method conda` (relative to the rules files);
+# scripts/setup.sh is the tested path, and without that flag rules run in the current environment.
+SOFTWARE = "../envs/cs336.yaml"
 JOB_SCRIPT = "../scripts/job.py"
 # Where single-device jobs run (config key `device`): cuda jobs record `skipped` without CUDA.
 DEVICE = P["device"]

@@ -58,6 +58,8 @@ rule allreduce:
     resources:
         **measuring_job(lambda wildcards: int(wildcards.world_size)
                         if wildcards.backend == "nccl" else 0),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -90,6 +92,8 @@ rule ddp:
     threads: DDP_CONFIG["world_size"]
     resources:
         **measuring_job(DDP_GPUS),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -116,6 +120,8 @@ rule sharded_optimizer:
     threads: SHARDED_CONFIG["world_size"]
     resources:
         **measuring_job(SHARDED_GPUS),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -136,6 +142,8 @@ rule ddp_check:
     threads: 2
     resources:
         **measuring_job(0, minutes=5),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -151,6 +159,8 @@ rule communication_accounting:
         job="experiment",
         cli="cs336_systems.sections.distributed.communication_accounting",
         args={},  # the assignment's constants are the inputs: nothing to choose
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -184,5 +194,7 @@ rule distributed_tables:
         section="distributed",
         # the assignment's matrix: the report says what of it this preset leaves out
         options={"assignment": ASSIGNMENT["distributed"]},
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT

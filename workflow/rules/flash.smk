@@ -44,6 +44,8 @@ rule flash:
                                 "device": DEVICE},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -68,6 +70,8 @@ rule flash_leaderboard:
                                 "compile": True, "device": DEVICE},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -90,6 +94,8 @@ rule flash_speed:
         args=lambda wildcards: {**group_args(wildcards.group, FLASH), "device": DEVICE},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -120,5 +126,7 @@ rule flash_tables:
         section="flash",
         # the assignment's matrix: the report says what of it this preset leaves out
         options={"assignment": ASSIGNMENT["flash"]},
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT

@@ -39,6 +39,8 @@ rule fsdp:
     threads: FSDP_CONFIG["world_size"]
     resources:
         **measuring_job(FSDP_GPUS),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -61,5 +63,7 @@ rule fsdp_tables:
         section="fsdp",
         # the assignment's shape: the report says where this preset departs from it
         options={"assignment": ASSIGNMENT["fsdp"]},
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT

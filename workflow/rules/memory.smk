@@ -39,6 +39,8 @@ rule memory:
                                 **trains(wildcards.mode)},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -67,5 +69,7 @@ rule memory_tables:
         job="section_tables",
         section="memory",
         options={"assignment": ASSIGNMENT["memory"]},
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT

@@ -27,6 +27,8 @@ rule mixed_precision_accumulation:
         args={"part": "accumulation", **MP["accumulation"], "device": DEVICE},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -49,6 +51,8 @@ rule mixed_precision_toy_model:
             "device": DEVICE},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -66,6 +70,8 @@ rule mixed_precision_layernorm:
         args={"part": "layernorm", **MP["layernorm"], "device": DEVICE},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -100,5 +106,7 @@ rule mixed_precision_tables:
         job="section_tables",
         section="mixed_precision",
         options={"assignment": ASSIGNMENT["benchmark"]},
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT

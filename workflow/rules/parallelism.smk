@@ -30,6 +30,8 @@ rule parallelism_checks:
         job="experiment",
         cli="cs336_systems.sections.parallelism.check_parallelism",
         args=PAR["checks"],
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -59,5 +61,7 @@ rule parallelism_tables:
         job="section_tables",
         section="parallelism",
         options={k: PAR[k] for k in ("sizes", "batch_tokens", "devices", "nominal")},
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT

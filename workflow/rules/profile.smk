@@ -36,6 +36,8 @@ rule profile:
                                 **trains(wildcards.mode)},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -59,5 +61,7 @@ rule profile_tables:
         job="section_tables",
         section="profile",
         options={"assignment": ASSIGNMENT["profile"]},
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT

@@ -18,6 +18,8 @@ rule section_markdown:
     params:
         job="section_markdown",
         link_base="report",  # sections are parts of report/writeup.md: links start there
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -35,5 +37,7 @@ rule writeup:
     params:
         job="writeup",
         preset=PRESET,
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT

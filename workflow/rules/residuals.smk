@@ -36,6 +36,8 @@ rule residuals_rmsnorm:
         args=lambda wildcards: {"target": "rmsnorm", **wildcards, "device": DEVICE},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -60,6 +62,8 @@ rule residuals_block:
         args=lambda wildcards: {"target": "block", **wildcards, "device": DEVICE},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -90,5 +94,7 @@ rule residuals_tables:
         job="section_tables",
         section="residuals",
         options={"assignment": ASSIGNMENT["residuals"]},
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT

@@ -33,6 +33,8 @@ rule training:
                                 "device": DEVICE},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -56,6 +58,8 @@ rule optimizer_step:
                                 "rounds": TRAIN["optimizer_step"]["rounds"], "device": DEVICE},
     resources:
         **measuring_job(),
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
 
@@ -77,5 +81,7 @@ rule training_tables:
         job="section_tables",
         section="training",
         options={"assignment": ASSIGNMENT["training"]},
+    conda:
+        SOFTWARE
     script:
         JOB_SCRIPT
