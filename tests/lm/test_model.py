@@ -143,3 +143,55 @@ def test_checkpointing_recomputes_each_block_once_in_backward():
         assert len(calls) == len(model.layers)
     with pytest.raises(ValueError, match="checkpoint_block_size must be a positive"):
         build_model("tiny", context_length=8, checkpoint_block_size=0)
+
+
+def _backward_ops(k, recompute, attention, token_ids, targets):
+    """The loss, the gradients and the count of each aten op that the backward runs."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from cs336_systems.lm.loss import cross_entropy
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = build_model("tiny", context_length=16, attention=attention, checkpoint_block_size=k,
+                        recompute=recompute, dtype=torch.float64)
+    loss = cross_entropy(model(token_ids), targets)
+    with Count() as count:
+        loss.backward()
+    return loss.detach(), [p.grad for p in model.parameters()], count.ops
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_selective_checkpointing_keeps_the_matmuls_and_recomputes_the_rest(attention):
+    """recompute="elementwise": the same loss and gradients as keeping everything; its backward
+    runs no more matmuls than that (their outputs were kept) but redoes elementwise work, while
+    full checkpointing redoes the matmuls too."""
+    token_ids = torch.randint(0, VOCAB_SIZE, (2, 16))
+    targets = torch.randint(0, VOCAB_SIZE, (2, 16))
+    kept = _backward_ops(None, "all", attention, token_ids, targets)
+    full = _backward_ops(1, "all", attention, token_ids, targets)
+    selective = _backward_ops(1, "elementwise", attention, token_ids, targets)
+    for loss, grads, _ in (full, selective):
+        torch.testing.assert_close(loss, kept[0], rtol=0, atol=0)
+        for g, ref in zip(grads, kept[1]):
+            torch.testing.assert_close(g, ref, rtol=1e-12, atol=1e-12)
+    matmuls = {name: sum(ops[op] for op in ("mm", "bmm", "addmm"))
+               for name, (_, _, ops) in (("kept", kept), ("full", full),
+                                         ("selective", selective))}
+    assert matmuls["selective"] == matmuls["kept"] < matmuls["full"], matmuls
+    assert sum(selective[2].values()) > sum(kept[2].values())  # the elementwise work, redone
+
+
+def test_unknown_recompute_names_the_allowed_ones():
+    with pytest.raises(ValueError, match="allowed: all, elementwise"):
+        build_model("tiny", context_length=16, checkpoint_block_size=1, recompute="some")

@@ -1,8 +1,20 @@
-"""Cross-entropy written out: mean over positions of logsumexp(logits) - logits[target]."""
+"""Cross-entropy written out: mean over positions of logsumexp(logits) - logits[target]; and the
+same loss of an LM head taken chunk by chunk, so that the logits never exist whole.
+
+    loss = cross_entropy(model(ids), targets)                       # logits (batch, seq, vocab)
+    loss = linear_cross_entropy(hidden, lm_head.weight, targets)    # (tokens, d) -> same loss
+
+At the 2026 leaderboard's shape (2 x 32768 tokens, vocab 151936) the fp32 logits alone are
+40 GB, and their gradient as much again; `linear_cross_entropy` holds one chunk's.
+"""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
+
+# Tokens per chunk of `linear_cross_entropy`: 4096 x 151936 fp32 logits are 2.5 GB.
+CHUNK_TOKENS = 4096
 
 
 def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
@@ -10,3 +22,64 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     logits = logits.float()
     target_logits = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return (logits.logsumexp(dim=-1) - target_logits).mean()
+
+
+def _compute_dtype(hidden: Tensor) -> torch.dtype:
+    """The dtype the head's matmul runs in: autocast's where autocast is on, else hidden's."""
+    kind = hidden.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else hidden.dtype
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """mean_i CE(hidden_i W^T, target_i), chunk by chunk of tokens. The gradients are taken in
+    the forward, while a chunk's logits exist (softmax minus the one-hot target, over the token
+    count), as Liger-Kernel's fused linear cross-entropy does; the backward only scales them by
+    the incoming gradient. Matmuls run in the autocast dtype, softmax and sums in fp32, and dW
+    accumulates in fp32."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int) -> Tensor:
+        dtype = _compute_dtype(hidden)
+        tokens = hidden.shape[0]
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(dtype)                                      # (vocab, d)
+            grad_hidden = torch.empty(hidden.shape, dtype=dtype, device=hidden.device)
+            grad_weight = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+                           if ctx.needs_input_grad[1] else None)
+            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            for start in range(0, tokens, chunk):
+                h = hidden[start:start + chunk].to(dtype)             # (c, d)
+                t = targets[start:start + chunk]
+                logits = (h @ w.T).float()                            # (c, vocab)
+                lse = logits.logsumexp(dim=-1)
+                total += (lse - logits.gather(-1, t[:, None]).squeeze(-1)).sum()
+                grad = logits.sub_(lse[:, None]).exp_()               # softmax, in place
+                grad[torch.arange(len(t), device=t.device), t] -= 1.0
+                grad = grad.div_(tokens).to(dtype)                    # dLoss/dlogits
+                grad_hidden[start:start + chunk] = grad @ w
+                if grad_weight is not None:
+                    grad_weight += (grad.T @ h).float()
+        ctx.save_for_backward(grad_hidden, *([grad_weight] if grad_weight is not None else []))
+        ctx.dtypes = hidden.dtype, weight.dtype
+        return total / tokens
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor):
+        hidden_dtype, weight_dtype = ctx.dtypes
+        grad_hidden, *grad_weight = ctx.saved_tensors
+        dh = (grad_hidden * grad_loss).to(hidden_dtype) if ctx.needs_input_grad[0] else None
+        dw = (grad_weight[0] * grad_loss).to(weight_dtype) if grad_weight else None
+        return dh, dw, None, None
+
+
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
+                         chunk: int = CHUNK_TOKENS) -> Tensor:
+    """cross_entropy(hidden @ weight^T, targets) without the whole logits: hidden (..., d),
+    weight (vocab, d) as `Linear` holds it, targets (...) int64; `chunk` tokens at a time."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1 token; got {chunk}")
+    if hidden.shape[:-1] != targets.shape or hidden.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"hidden (..., d), weight (vocab, d) and targets (...) must agree; got "
+                         f"{tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}")
+    return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight,
+                                     targets.reshape(-1), chunk)

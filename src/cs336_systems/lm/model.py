@@ -8,13 +8,18 @@ annotated, compiled or FlashAttention versions without touching the model.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from cs336_systems.lm.attention import AttentionFn, get_attention
 
@@ -180,20 +185,45 @@ def run_blocks(blocks: nn.ModuleList, x: Tensor) -> Tensor:
     return x
 
 
+# What a checkpointed group recomputes in backward: "all" keeps only the group's input;
+# "elementwise" also keeps the outputs of its matmuls and attention (`SAVED_OPS`) and recomputes
+# the cheap work between them (norms, RoPE, SwiGLU's gate, residual adds, casts).
+RECOMPUTE = ("all", "elementwise")
+SAVED_OPS = frozenset(op for op in (
+    torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+))
+
+
+def _save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """The selective policy: keep the outputs of SAVED_OPS and of our FlashAttention operator."""
+    if op in SAVED_OPS or str(op).startswith("cs336.flash_attn_fwd"):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
 class TransformerLM(nn.Module):
     """With `checkpoint_block_size` k, the blocks run in groups of k (the last may be shorter),
     each group under `torch.utils.checkpoint` (non-reentrant) when gradients are on: only a
     group's input is kept for backward, and its activations are recomputed there, one group at
     a time (gradient_checkpointing, one level of recomputation). None keeps every activation.
+    `recompute="elementwise"` makes the checkpointing selective (`RECOMPUTE`): the matmuls' and
+    attention's outputs are kept too, and only the elementwise work between them is redone.
     """
 
     def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int,
                  num_heads: int, d_ff: int, attention: AttentionFn | str = "eager",
-                 checkpoint_block_size: int | None = None, device=None, dtype=None):
+                 checkpoint_block_size: int | None = None, recompute: str = "all",
+                 device=None, dtype=None):
         super().__init__()
         if checkpoint_block_size is not None and checkpoint_block_size < 1:
             raise ValueError(f"checkpoint_block_size must be a positive number of blocks or "
                              f"None, got {checkpoint_block_size}")
+        if recompute not in RECOMPUTE:
+            raise ValueError(f"unknown recompute {recompute!r}; allowed: {', '.join(RECOMPUTE)}")
+        self.recompute = recompute
         attention_fn = get_attention(attention) if isinstance(attention, str) else attention
         self.context_length = context_length
         self.checkpoint_block_size = checkpoint_block_size
@@ -207,8 +237,8 @@ class TransformerLM(nn.Module):
         self.ln_final = RMSNorm(d_model, device=device, dtype=dtype)
         self.lm_head = Linear(d_model, vocab_size, device=device, dtype=dtype)
 
-    def forward(self, token_ids: Tensor) -> Tensor:
-        # token_ids: (batch, seq) -> logits: (batch, seq, vocab)
+    def hidden(self, token_ids: Tensor) -> Tensor:
+        """The final normed states the LM head reads: (batch, seq) -> (batch, seq, d_model)."""
         seq_len = token_ids.shape[-1]
         if seq_len > self.context_length:
             raise ValueError(f"sequence length {seq_len} exceeds the model's context length "
@@ -218,21 +248,29 @@ class TransformerLM(nn.Module):
         if k is None or not torch.is_grad_enabled():
             x = run_blocks(self.layers, x)
         else:
+            extra = {} if self.recompute == "all" else {"context_fn": functools.partial(
+                create_selective_checkpoint_contexts, _save_matmuls)}
             for start in range(0, len(self.layers), k):
-                x = checkpoint(run_blocks, self.layers[start:start + k], x, use_reentrant=False)
-        return self.lm_head(self.ln_final(x))
+                x = checkpoint(run_blocks, self.layers[start:start + k], x, use_reentrant=False,
+                               **extra)
+        return self.ln_final(x)
+
+    def forward(self, token_ids: Tensor) -> Tensor:
+        # token_ids: (batch, seq) -> logits: (batch, seq, vocab)
+        return self.lm_head(self.hidden(token_ids))
 
 
 def build_model(size: str, context_length: int, attention: AttentionFn | str = "eager",
                 vocab_size: int = VOCAB_SIZE, checkpoint_block_size: int | None = None,
-                device=None, dtype=None) -> TransformerLM:
+                recompute: str = "all", device=None, dtype=None) -> TransformerLM:
     """The assignment's model of a named size; `device="meta"` builds it without memory."""
     if problem := context_length_problem(size, context_length):
         raise ValueError(problem)
     spec = get_size(size)
     return TransformerLM(vocab_size, context_length, spec.d_model, spec.num_layers,
                          spec.num_heads, spec.d_ff, attention=attention,
-                         checkpoint_block_size=checkpoint_block_size, device=device, dtype=dtype)
+                         checkpoint_block_size=checkpoint_block_size, recompute=recompute,
+                         device=device, dtype=dtype)
 
 
 def count_parameters(model: nn.Module) -> int:

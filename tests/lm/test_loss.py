@@ -1,0 +1,78 @@
+"""The chunked LM-head cross-entropy against the plain one: the same loss and gradients, and no
+(tokens, vocab) tensor kept for backward."""
+
+import pytest
+import torch
+
+from cs336_systems.lm.loss import cross_entropy, linear_cross_entropy
+
+
+def _case(tokens=(3, 11), d=24, vocab=101, dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    hidden = torch.randn(*tokens, d, dtype=dtype, requires_grad=True)
+    weight = torch.randn(vocab, d, dtype=dtype, requires_grad=True)
+    targets = torch.randint(0, vocab, tokens)
+    return hidden, weight, targets
+
+
+def _grads(loss_fn, hidden, weight, targets):
+    h, w = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    loss = loss_fn(h, w, targets)
+    loss.backward()
+    return loss.detach(), h.grad, w.grad
+
+
+def _plain(h, w, t):
+    return cross_entropy(h @ w.T, t)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 33, 4096])
+def test_matches_plain_cross_entropy_in_fp32(chunk):
+    """Chunks of 1 token, of sizes that do not divide the 33 tokens, and one chunk for all."""
+    case = _case()
+    expected = _grads(_plain, *case)
+    got = _grads(lambda h, w, t: linear_cross_entropy(h, w, t, chunk=chunk), *case)
+    for out, ref in zip(got, expected):
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_scales_by_the_incoming_gradient():
+    hidden, weight, targets = _case(seed=1)
+    (3.0 * linear_cross_entropy(hidden, weight, targets, chunk=5)).backward()
+    h, w = hidden.detach().requires_grad_(), weight.detach().requires_grad_()
+    (3.0 * _plain(h, w, targets)).backward()
+    torch.testing.assert_close(hidden.grad, h.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weight.grad, w.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_under_autocast_matches_plain_within_bf16_rounding():
+    """fp32 weights under bf16 autocast, as the training step runs: matmuls in bf16, softmax in
+    fp32; gradients come back in the inputs' dtypes."""
+    case = _case(tokens=(2, 64), d=64, vocab=300, seed=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = _grads(_plain, *case)
+        got = _grads(lambda h, w, t: linear_cross_entropy(h, w, t, chunk=24), *case)
+    assert got[1].dtype == got[2].dtype == torch.float32
+    for out, ref in zip(got, expected):
+        assert ((out.float() - ref.float()).norm() / ref.float().norm()) < 2e-2
+
+
+def test_keeps_no_logits_for_backward():
+    """Saved for backward: dL/dhidden and dL/dW, nothing of (tokens, vocab)."""
+    hidden, weight, targets = _case(tokens=(4, 16), vocab=999)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t,
+                                                  lambda t: t):
+        linear_cross_entropy(hidden, weight, targets, chunk=8)
+    assert saved and all(999 not in shape or shape == weight.shape for shape in saved), saved
+    assert (64, 999) not in saved
+
+
+def test_shapes_that_disagree_say_so():
+    hidden, weight, targets = _case()
+    with pytest.raises(ValueError, match="must agree"):
+        linear_cross_entropy(hidden, weight[:, :5], targets)
+    with pytest.raises(ValueError, match="must agree"):
+        linear_cross_entropy(hidden, weight, targets[:, :3])
+    with pytest.raises(ValueError, match="at least 1 token"):
+        linear_cross_entropy(hidden, weight, targets, chunk=0)
