@@ -456,7 +456,29 @@ def test_the_report_sets_a_compiled_block_beside_the_handout(tmp_path):
     assert "The hooks saw every tensor the compiled modules saved (2 run(s))" in " ".join(
         text.split())
     assert "Not measured: block 2.7b, 32 heads, context 128, compiled: skipped" in text
-    assert len(facts["allocator"]) == 4
+    allocator = facts["allocator"]
+    assert len(allocator["rows"]) == 4
+    agree = [abs(r["held_mib"] - r["saved_mib"]) <= 0.2 * r["saved_mib"] for r in allocator["rows"]]
+    assert allocator["agree"] == sum(agree)
+    flat = " ".join(text.split())
+    assert f"{sum(agree)} of 4 rows agree within 20%" in flat
+    assert flat.count("not within 20%") == 4 - sum(agree)
+    assert "The CUDA allocator agrees" not in flat
+
+
+def test_the_allocator_rows_that_disagree_are_marked():
+    """A forward that left half the counted bytes allocated does not agree; one within 20%
+    does."""
+    from cs336_systems.sections.residuals.report import allocator_facts
+
+    def record(held_mib):
+        return {"config": {"target": "rmsnorm", "variant": "eager", "context_length": 2048},
+                "metrics": {"held_after_forward_bytes": (held_mib + 1) * MIB,
+                            "output_bytes": MIB, "saved_bytes": 160 * MIB,
+                            "forward_peak_gib": 0.23}}
+    facts = allocator_facts([record(80.0), record(150.0)])
+    assert [r["agrees"] for r in facts["rows"]] == [False, True] and facts["agree"] == 1
+    assert facts["rows"][0]["held_mib"] == pytest.approx(80.0)
 
 
 def test_the_report_with_nothing_measured(tmp_path):

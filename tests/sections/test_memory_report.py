@@ -224,6 +224,7 @@ def test_known_answers_from_cuda_records(cuda_records, tmp_path):
     assert "2.7b ctx 128 train-step fp32: 65.00 GiB, in the optimizer of step 1." in flat
     assert f"by lm/model.py:{FFN_LINE} (`forward`): `a = self.w1(x)`." in flat
     assert "bf16 autocast barely changes the peak" in flat
+    assert "they do not show in the measured peaks, where bf16 exceeds fp32 by at most" in flat
     assert "= 5.00 MiB" in flat and "= 80.00 MiB" in flat
     assert ("Not measured (oom: CUDA out of memory. Tried to allocate 2.00 GiB): "
             "2.7b ctx 2048 train-step fp32.") in flat
@@ -260,3 +261,21 @@ def test_a_cpu_run_renders_the_model_and_says_why_nothing_was_measured(tmp_path)
         "tiny ctx 16 train-step fp32, tiny ctx 32 train-step fp32." in " ".join(text.split())
     for key in ("timeline_forward", "timeline_train_step"):
         assert Path(outputs[key]).stat().st_size > 5_000     # "not measured" panels
+
+
+@pytest.mark.parametrize("delta_gib, shows", [(0.02, False), (3.5, True)])
+def test_autocast_weight_copies_are_claimed_only_where_the_peaks_show_them(delta_gib, shows):
+    """Whether autocast's cached bf16 weight copies show follows the measured peaks: not with
+    bf16 about level with fp32; yes with bf16 higher by half the copies or more. (The prose of
+    the first case: `test_known_answers_from_cuda_records`.)"""
+    import pandas as pd
+
+    from cs336_systems.sections.memory.report import bf16_facts
+
+    frame = pd.DataFrame([
+        {"status": "ok", "size": "2.7b", "mode": "forward", "context_length": 128,
+         "precision": precision, "peak_gib": 13.0 + (delta_gib if precision == "bf16" else 0),
+         "peak_stage": "forward", "parameter_shaped_gib": 12.7, "parameters": 3.4e9}
+        for precision in ("fp32", "bf16")])
+    (mode,) = bf16_facts(frame)["modes"]
+    assert mode["copies_show"] is shows and mode["delta_max_gib"] == pytest.approx(delta_gib)

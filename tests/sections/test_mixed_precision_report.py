@@ -208,3 +208,16 @@ def test_skipped_parts_are_said_so(tmp_path, cpu_records):
     assert ("_(not measured: skipped, CUDA was requested but no CUDA device is available on this "
             "machine)_") in text
     assert "_(no configuration was timed in both fp32 and bf16)_" in text
+
+
+@pytest.mark.parametrize("ratios, word", [
+    ([1.2, 2.0, 3.0], "grows with every larger size"),
+    ([3.0, 2.0, 1.2], "shrinks with every larger size"),
+    ([1.2, 3.0, 2.0], "does not change monotonically with size"),
+    ([1.2, 3.0], "is larger at the larger size"),
+    ([3.0, 1.2], "is smaller at the larger size")])
+def test_a_trend_needs_three_sizes(ratios, word):
+    """Two sizes are compared, never called a trend."""
+    from cs336_systems.sections.mixed_precision.report import trend_word
+
+    assert trend_word(ratios) == word

@@ -1,4 +1,4 @@
-"""Decoder-only Transformer LM of the assignment's shared setup, and its size table.
+"""Decoder-only Transformer LM of the assignment's shared setup (its sizes: `lm/sizes.py`).
 
 Pre-norm blocks: x + attn(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)); causal multi-head
 self-attention with RoPE (theta 10000); final RMSNorm and an untied LM head. The attention
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import torch
 from einops import rearrange
@@ -22,49 +21,15 @@ from torch.utils.checkpoint import (
 )
 
 from cs336_systems.lm.attention import AttentionFn, get_attention
+from cs336_systems.lm.sizes import (  # noqa: F401 - imported from here by many modules
+    MODEL_SIZES,
+    VOCAB_SIZE,
+    ModelSize,
+    context_length_problem,
+    get_size,
+)
 
-VOCAB_SIZE = 10_000
 ROPE_THETA = 10_000.0
-
-
-@dataclass(frozen=True)
-class ModelSize:
-    d_model: int
-    d_ff: int
-    num_layers: int
-    num_heads: int
-    max_context_length: int = 1024
-
-
-# The assignment's table; `tiny` is ours, for CPU smoke runs and tests only.
-MODEL_SIZES: dict[str, ModelSize] = {
-    "tiny": ModelSize(d_model=64, d_ff=256, num_layers=2, num_heads=4, max_context_length=256),
-    "small": ModelSize(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
-    "medium": ModelSize(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
-    "large": ModelSize(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
-    "xl": ModelSize(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
-    # 2026's "xl": its memory problems run it at context 2048
-    "2.7b": ModelSize(d_model=2560, d_ff=10240, num_layers=32, num_heads=32,
-                      max_context_length=2048),
-}
-
-
-def get_size(name: str) -> ModelSize:
-    if name not in MODEL_SIZES:
-        raise ValueError(f"unknown model size {name!r}; allowed: {', '.join(MODEL_SIZES)}")
-    return MODEL_SIZES[name]
-
-
-def context_length_problem(size: str, context_length: int) -> str | None:
-    """Why size `size` cannot run `context_length` tokens, or None if it can: the one check of
-    a context length, which the config, the CLIs and `build_model` each phrase as their error."""
-    longest = get_size(size).max_context_length
-    if context_length > longest:
-        return (f"context length {context_length} is longer than size {size!r} supports "
-                f"(at most {longest})")
-    if context_length < 1:
-        return f"context length {context_length} is not a positive number of tokens"
-    return None
 
 
 def _trunc_normal_(weight: Tensor, fan_in: int, fan_out: int) -> Tensor:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cs336_systems.lm.attention import attention_label, attention_modules
-from cs336_systems.lm.model import MODEL_SIZES
+from cs336_systems.lm.sizes import MODEL_SIZES
 
 OURS = "flash-triton"
 # The dtype of the targets on the sweep's shapes ("bf16, seq >= 4096, every d in the sweep").

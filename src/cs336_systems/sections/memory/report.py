@@ -193,6 +193,15 @@ def peak_table(frame: pd.DataFrame) -> str:
     return to_markdown(pd.DataFrame(rows))
 
 
+def weight_copies(pairs: list[dict], copies_gib: float) -> dict:
+    """Whether autocast's bf16 copies of the weights (`copies_gib` if all were held at once:
+    it caches each weight's cast inside its region) show in the measured peaks: they do when
+    the bf16 peak exceeds fp32's by at least half of them at some context."""
+    delta_max = float(max(p["delta_gib"] for p in pairs))
+    return {"bf16_weight_copies_gib": copies_gib, "delta_max_gib": delta_max,
+            "copies_show": bool(delta_max >= copies_gib / 2)}
+
+
 def bf16_facts(frame: pd.DataFrame) -> dict:
     """(c) bf16 against fp32, per mode and context where both ran: the peaks' ratio and the
     difference, the stages, and what the analytic model keeps fp32 (the parameter-shaped
@@ -228,7 +237,7 @@ def bf16_facts(frame: pd.DataFrame) -> dict:
                       "fixed_gib": pairs[0]["fixed_gib"],
                       "fixed_share_min": min(p["fixed_share"] for p in pairs),
                       "fixed_share_max": max(p["fixed_share"] for p in pairs),
-                      "bf16_weight_copies_gib": gib(group["parameters"].iloc[0] * 2)})
+                      **weight_copies(pairs, gib(group["parameters"].iloc[0] * 2))})
     table = pd.DataFrame([{"size": r["size"], "mode": r["mode"], "context": r["context_length"],
                            "fp32 GiB": r["fp32_gib"], "bf16 GiB": r["bf16_gib"],
                            "bf16 / fp32": f"{r['ratio']:.3f}",

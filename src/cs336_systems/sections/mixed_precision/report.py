@@ -312,8 +312,17 @@ def speedup_display(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+# A trend along sizes is stated from this many sizes on; with fewer, the sizes are compared.
+TREND_FROM = 3
+
+
 def trend_word(ratios: list[float]) -> str:
-    """How a speed-up changes along sizes in increasing order."""
+    """How a speed-up changes along sizes in increasing order: a trend from TREND_FROM sizes
+    on, else which of the two is larger."""
+    if len(ratios) < TREND_FROM:
+        first, last = ratios[0], ratios[-1]
+        return ("is larger at the larger size" if last > first else
+                "is smaller at the larger size" if last < first else "is the same at both sizes")
     steps = np.diff(ratios)
     if (steps > 0).all():
         return "grows with every larger size"

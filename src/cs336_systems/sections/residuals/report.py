@@ -452,6 +452,32 @@ def left_out(records: list[dict], assignment: dict) -> str:
 
 # --- the section -----------------------------------------------------------------------------
 
+# The allocator's bytes held after the forward "agree" with the saved bytes counted by the hooks
+# when within this share of them.
+ALLOCATOR_AGREES_WITHIN = 0.2
+
+
+def allocator_facts(ok: list[dict]) -> dict:
+    """Per record, what the forward left allocated (less its output) against the bytes the
+    hooks counted as saved, and whether they agree (`ALLOCATOR_AGREES_WITHIN`). They need not:
+    a saved tensor that existed before the forward is counted as saved but was not allocated by
+    it."""
+    rows = []
+    for r in ok:
+        m = r["metrics"]
+        if m["held_after_forward_bytes"] is None:
+            continue
+        held = (m["held_after_forward_bytes"] - m["output_bytes"]) / MIB
+        saved = m["saved_bytes"] / MIB
+        rows.append({"target": r["config"]["target"], "variant": r["config"]["variant"],
+                     "context_length": r["config"]["context_length"],
+                     "num_heads": r["config"].get("num_heads"), "saved_mib": saved,
+                     "held_mib": held, "peak_gib": m["forward_peak_gib"],
+                     "agrees": bool(abs(held - saved) <= ALLOCATOR_AGREES_WITHIN * saved)})
+    return {"rows": rows, "agree": sum(r["agrees"] for r in rows),
+            "within": ALLOCATOR_AGREES_WITHIN}
+
+
 def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:
     """Records -> outputs["table"] (one row per record), outputs["operations_table"] (every
     operation), outputs["block_table"] ((f)), the figure, and the facts. options: assignment,
@@ -488,14 +514,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "block": blocks,
         "handout": handout_facts(block),
         "f": f_facts,
-        "allocator": [{"target": r["config"]["target"], "variant": r["config"]["variant"],
-                       "context_length": r["config"]["context_length"],
-                       "num_heads": r["config"].get("num_heads"),
-                       "saved_mib": r["metrics"]["saved_bytes"] / MIB,
-                       "held_mib": r["metrics"]["held_after_forward_bytes"] / MIB,
-                       "output_mib": r["metrics"]["output_bytes"] / MIB,
-                       "peak_gib": r["metrics"]["forward_peak_gib"]}
-                      for r in ok if r["metrics"]["held_after_forward_bytes"] is not None],
+        "allocator": allocator_facts(ok),
         "failures": not_ok(summary, ["target", "size", "num_heads", "context_length",
                                      "variant"]),
         "figure": outputs["figure"],
