@@ -7,8 +7,10 @@ assignment (`coverage.PROBLEMS`) with what the sections' facts say of it.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
+from cs336_systems.paths import PACKAGE_DIR
 from cs336_systems.pipeline.records import git_commit, write_text_atomic
 from cs336_systems.report.coverage import coverage_rows
 from cs336_systems.report.facts import read_facts
@@ -19,10 +21,37 @@ ENV_ROWS = (("device", "device"), ("GPU", "gpu"), ("torch", "torch"), ("Triton",
             ("code commit of the measurements", "git"))
 
 
+def is_commit(label: str) -> bool | None:
+    """Whether git resolves `label` to a commit of this checkout's repository; None where
+    there is no git to ask."""
+    try:
+        found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{label}^{{commit}}"],
+                               cwd=PACKAGE_DIR, capture_output=True, text=True, check=False)
+    except OSError:
+        return None
+    if found.returncode not in (0, 1):  # 128: not a repository
+        return None
+    return found.returncode == 0
+
+
+def commit_label(label: str) -> str:
+    """A record's commit as the header shows it: a label git cannot resolve says so, and
+    `<commit>-dirty` is a commit with uncommitted changes."""
+    base = label.removesuffix("-dirty")
+    known = is_commit(base)
+    if known is False:
+        return f"{label} (no commit of this repository)"
+    if known and base != label:
+        return f"{label} (with uncommitted changes)"
+    return label
+
+
 def header_rows(preset: str, facts: list[dict]) -> list[tuple[str, str]]:
     rows = [("preset", preset)]
     for label, key in ENV_ROWS:
         values = sorted({str(v) for f in facts for v in f.get("env", {}).get(key, [])})
+        if key == "git":
+            values = [commit_label(v) for v in values]
         rows.append((label, ", ".join(values) if values else "n/a"))
     rows.append(("commit that rendered this writeup", git_commit()))
     return rows
