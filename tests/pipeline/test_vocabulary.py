@@ -28,6 +28,8 @@ from cs336_systems.sections.memory import record_memory as memory
 from cs336_systems.sections.mixed_precision import run_study as mixed_precision
 from cs336_systems.sections.profile import profile_step as profile
 from cs336_systems.sections.residuals import count_saved as residuals
+from cs336_systems.lm.sizes import LEADERBOARD_SHAPES
+from cs336_systems.sections.leaderboard.runs import VARIANTS as LEADERBOARD_VARIANTS
 from cs336_systems.sections.training.runs import RUNS
 from support.checkout import ROOT
 
@@ -45,6 +47,8 @@ SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text
     ("residuals_variant", list(residuals.VARIANTS)),
     ("optimizer", list(OPTIMIZERS)),
     ("training_run", list(RUNS)),
+    ("leaderboard_variant", list(LEADERBOARD_VARIANTS)),
+    ("leaderboard_shape", list(LEADERBOARD_SHAPES)),
 ])
 def test_schema_enums_are_the_library_names(definition, names):
     assert SCHEMA["$defs"][definition]["enum"] == names

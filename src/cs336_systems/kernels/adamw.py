@@ -156,6 +156,12 @@ def adamw_step(params: list[torch.Tensor], grads: list[torch.Tensor],
                                             eps=eps, weight_decay=weight_decay)
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a sharded tensor (a DTensor, as FSDP2 makes parameters), else `t`:
+    AdamW is elementwise, so each rank steps its own shard."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 class FusedAdamW(AdamW):
     """`AdamW` (same hyperparameters, same update) as one fused Triton pass per parameter
     group and dtype: no temporaries, one launch per step for each. Gradients may be of a lower
@@ -178,14 +184,16 @@ class FusedAdamW(AdamW):
             by_kind.setdefault((id(group), p.dtype, p.grad.dtype, p.device, step), []).append(p)
         beta1, beta2 = group["betas"]
         for kind, ps in by_kind.items():
-            self._plan(kind, ps).step([p.grad for p in ps], step=kind[-1], lr=group["lr"],
-                                      beta1=beta1, beta2=beta2, eps=group["eps"],
+            grads = [_local(p.grad) for p in ps]
+            self._plan(kind, ps).step(grads, step=kind[-1], lr=group["lr"], beta1=beta1,
+                                      beta2=beta2, eps=group["eps"],
                                       weight_decay=group["weight_decay"])
 
     def _plan(self, kind: tuple, params: list[torch.Tensor]) -> Plan:
         """The kept plan of these parameters, or a new one where they or their state moved."""
-        exp_avgs = [self.state[p]["exp_avg"] for p in params]
-        exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in params]
+        exp_avgs = [_local(self.state[p]["exp_avg"]) for p in params]
+        exp_avg_sqs = [_local(self.state[p]["exp_avg_sq"]) for p in params]
+        params = [_local(p) for p in params]
         key = kind[:-1]  # the step count changes every step; the tensors do not
         plan = self._plans.get(key)
         if plan is None or plan.key != Plan.describe(params, exp_avgs, exp_avg_sqs):

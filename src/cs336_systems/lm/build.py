@@ -35,3 +35,20 @@ def build_lm_step(config: Mapping, device: torch.device) -> tuple[nn.Module, lis
                  if config["mode"] == "train-step" else None)
     return model, lm_step_phases(model, token_ids, targets, config["mode"],
                                  config["precision"], optimizer)
+
+
+def cpu_unavailable_reason(attention: str, optimizer: str, compile_: bool,
+                           precision: str) -> str | None:
+    """Why a step with these parts cannot run on a CPU, or None if it can."""
+    from cs336_systems.lm.attention import attention_label
+    from cs336_systems.lm.optimizer import optimizer_label
+    triton = attention.startswith("flash-triton")
+    if triton and precision != "fp32":
+        return "Triton's CPU interpreter cannot run bf16 tl.dot (triton-lang/triton#11584)"
+    if compile_ and (triton or optimizer == "adamw-fused"):
+        return "torch.compile cannot trace kernels run by Triton's CPU interpreter"
+    if attention == "sdpa-cudnn":
+        return f"{attention_label(attention)} needs CUDA"
+    if optimizer == "torch-adamw-fused":
+        return f"{optimizer_label(optimizer)} needs CUDA"
+    return None

@@ -169,6 +169,16 @@ def _save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def checkpoint_options(recompute: str) -> dict:
+    """The keyword arguments of `torch.utils.checkpoint.checkpoint` for `recompute`."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"unknown recompute {recompute!r}; allowed: {', '.join(RECOMPUTE)}")
+    if recompute == "all":
+        return {"use_reentrant": False}
+    return {"use_reentrant": False,
+            "context_fn": functools.partial(create_selective_checkpoint_contexts, _save_matmuls)}
+
+
 class TransformerLM(nn.Module):
     """With `checkpoint_block_size` k, the blocks run in groups of k (the last may be shorter),
     each group under `torch.utils.checkpoint` (non-reentrant) when gradients are on: only a
@@ -186,9 +196,7 @@ class TransformerLM(nn.Module):
         if checkpoint_block_size is not None and checkpoint_block_size < 1:
             raise ValueError(f"checkpoint_block_size must be a positive number of blocks or "
                              f"None, got {checkpoint_block_size}")
-        if recompute not in RECOMPUTE:
-            raise ValueError(f"unknown recompute {recompute!r}; allowed: {', '.join(RECOMPUTE)}")
-        self.recompute = recompute
+        self.checkpoint_options = checkpoint_options(recompute)
         attention_fn = get_attention(attention) if isinstance(attention, str) else attention
         self.context_length = context_length
         self.checkpoint_block_size = checkpoint_block_size
@@ -213,11 +221,9 @@ class TransformerLM(nn.Module):
         if k is None or not torch.is_grad_enabled():
             x = run_blocks(self.layers, x)
         else:
-            extra = {} if self.recompute == "all" else {"context_fn": functools.partial(
-                create_selective_checkpoint_contexts, _save_matmuls)}
             for start in range(0, len(self.layers), k):
-                x = checkpoint(run_blocks, self.layers[start:start + k], x, use_reentrant=False,
-                               **extra)
+                x = checkpoint(run_blocks, self.layers[start:start + k], x,
+                               **self.checkpoint_options)
         return self.ln_final(x)
 
     def forward(self, token_ids: Tensor) -> Tensor:
@@ -262,3 +268,18 @@ def forward_flops(size: str, batch_size: int, context_length: int,
     per_token = s.num_layers * (4 * s.d_model**2 + 3 * s.d_model * s.d_ff) + s.d_model * vocab_size
     attention = s.num_layers * batch_size * 2 * context_length**2 * s.d_model
     return 2 * (tokens * per_token + attention)
+
+
+def train_step_flops(spec: ModelSize, sequences: int, seq_len: int,
+                     num_layers: int | None = None) -> int:
+    """Model FLOPs of one training step (forward and backward) over `sequences` causal sequences
+    of `seq_len` tokens, counted as the 2026 leaderboard counts them: 6 per parameter of the
+    layers and the LM head per token (the embedding lookup is no matmul), plus the causal
+    attention's two matmuls (2 * seq^2 * d_model per layer and sequence in the forward, the
+    masked half skipped) at 3.5 times their forward (FlashAttention's backward recomputes the
+    scores). `num_layers` overrides the spec's (a proxy of fewer layers)."""
+    layers = spec.num_layers if num_layers is None else num_layers
+    per_layer = 4 * spec.d_model**2 + 3 * spec.d_model * spec.d_ff
+    dense = 6 * (layers * per_layer + spec.d_model * spec.vocab_size) * sequences * seq_len
+    attention = 3.5 * layers * sequences * 2 * seq_len**2 * spec.d_model
+    return int(dense + attention)

@@ -16,6 +16,7 @@ class ModelSize:
     num_layers: int
     num_heads: int
     max_context_length: int = 1024
+    vocab_size: int = VOCAB_SIZE
 
 
 # The assignment's table; `tiny` is ours, for CPU smoke runs and tests only.
@@ -28,6 +29,17 @@ MODEL_SIZES: dict[str, ModelSize] = {
     # 2026's "xl": its memory problems run it at context 2048
     "2.7b": ModelSize(d_model=2560, d_ff=10240, num_layers=32, num_heads=32,
                       max_context_length=2048),
+}
+
+
+# The 2026 leaderboard's model (assignment section 8): untied embeddings over Qwen's vocabulary,
+# head dimension 128, trained on one 32768-token sequence per GPU; `tiny` has its layout at a
+# size a CPU runs in seconds (smoke runs and tests).
+LEADERBOARD_SHAPES: dict[str, ModelSize] = {
+    "8b": ModelSize(d_model=4096, d_ff=11008, num_layers=34, num_heads=32,
+                    max_context_length=32768, vocab_size=151_936),
+    "tiny": ModelSize(d_model=64, d_ff=176, num_layers=4, num_heads=4, max_context_length=128,
+                      vocab_size=1000),
 }
 
 

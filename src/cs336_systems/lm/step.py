@@ -9,6 +9,8 @@ free unless a profiler is recording; NVTX ranges under `torch.autograd.profiler.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.profiler import record_function
@@ -24,25 +26,32 @@ STEP_RANGES = ("forward", "loss", "backward", "optimizer")
 
 
 def random_batch(batch_size: int, context_length: int, device: torch.device, seed: int,
-                 rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random token ids and targets; with world_size > 1, this rank's share of the batch."""
+                 rank: int = 0, world_size: int = 1, vocab_size: int = VOCAB_SIZE
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids and targets below `vocab_size`; with world_size > 1, this rank's share
+    of the batch."""
     if batch_size % world_size:
         raise ValueError(f"batch size {batch_size} does not split over {world_size} ranks")
     generator = torch.Generator(device=device).manual_seed(seed + rank)
     shape = (batch_size // world_size, context_length)
-    token_ids = torch.randint(0, VOCAB_SIZE, shape, device=device, generator=generator)
-    targets = torch.randint(0, VOCAB_SIZE, shape, device=device, generator=generator)
+    token_ids = torch.randint(0, vocab_size, shape, device=device, generator=generator)
+    targets = torch.randint(0, vocab_size, shape, device=device, generator=generator)
     return token_ids, targets
 
 
 def lm_step_phases(model: nn.Module, token_ids: torch.Tensor, targets: torch.Tensor,
                    mode: str, precision: str,
-                   optimizer: torch.optim.Optimizer | None = None) -> list[Phase]:
+                   optimizer: torch.optim.Optimizer | None = None,
+                   loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+                   ) -> list[Phase]:
     """The phases of one LM benchmark step in `mode`.
 
     forward:          forward pass only, under `torch.no_grad()` (inference)
     forward-backward: forward + loss, then backward
     train-step:       forward + loss, backward, optimizer step (needs `optimizer`)
+
+    `loss_of(token_ids, targets)`, where given, computes the loss in place of the model's
+    logits and `cross_entropy` (a `lm.levers.LanguageModelLoss`), in the forward's range.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
@@ -57,6 +66,10 @@ def lm_step_phases(model: nn.Module, token_ids: torch.Tensor, targets: torch.Ten
 
     def forward_loss():
         with autocast_context(device, precision):
+            if loss_of is not None:
+                with record_function("forward"):
+                    state["loss"] = loss_of(token_ids, targets)
+                return
             with record_function("forward"):
                 logits = model(token_ids)
             with record_function("loss"):

@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 SECTIONS: tuple[str, ...] = ("benchmark", "profile", "mixed_precision", "memory", "residuals",
                              "checkpointing", "attention", "flash", "training", "distributed",
-                             "fsdp", "parallelism")
+                             "fsdp", "parallelism", "leaderboard")
 
 HERE = Path(__file__).resolve().parent
 

@@ -22,7 +22,7 @@ import argparse
 
 import torch
 
-from cs336_systems.lm.build import build_lm_step
+from cs336_systems.lm.build import build_lm_step, cpu_unavailable_reason
 from cs336_systems.lm.hf_llama import build_hf_llama, unavailable_reason
 from cs336_systems.lm.model import MODEL_SIZES, forward_flops
 from cs336_systems.lm.optimizer import build_optimizer
@@ -47,12 +47,8 @@ def skip_reason(run: TrainingRun, config: dict, device: torch.device) -> str | N
     if run.model == "hf-llama":
         return unavailable_reason()
     if device.type == "cpu":
-        if run.attention == "flash-triton" and config["precision"] != "fp32":
-            return "Triton's CPU interpreter cannot run bf16 tl.dot (triton-lang/triton#11584)"
-        if run.compile and (run.attention == "flash-triton" or run.optimizer == "adamw-fused"):
-            return "torch.compile cannot trace kernels run by Triton's CPU interpreter"
-        if run.attention == "sdpa-cudnn" or run.optimizer == "torch-adamw-fused":
-            return f"{run.label} needs CUDA"
+        return cpu_unavailable_reason(run.attention, run.optimizer, run.compile,
+                                      config["precision"])
     return None
 
 

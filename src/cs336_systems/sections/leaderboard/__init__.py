@@ -1,0 +1,10 @@
+"""Section 8 leaderboard (2026).
+
+The 8B model's full training step on two GPUs (or its one-GPU proxy), our fastest
+configuration beside the stock parts in one job matrix, and what each lever bought.
+
+    runs.py              the variants and their levers
+    time_leaderboard.py  one variant (rule leaderboard)
+    report.py            records -> table, facts
+    template.md.j2       facts -> prose
+"""

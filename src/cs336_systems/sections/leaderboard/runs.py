@@ -1,0 +1,96 @@
+"""The training-step variants the leaderboard section puts side by side, each defined once.
+
+A variant is one setting of each lever (`LEVERS`). `stock` is what a user assembles from stock
+parts: SDPA on its fastest backend here (cuDNN), torch's fused AdamW, each layer compiled, full
+activation checkpointing, the whole logits. `ours` turns every lever to this project's part;
+each `ours-but-...` (`Lever.without`) turns one lever off (to the stock part, or to eager
+layers), so that its difference from `ours` is what that lever bought. `plain` is the model as written (nothing compiled, nothing
+recomputed): the reference of the input/output check, and the CPU smoke run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cs336_systems.lm.attention import attention_label, attention_modules
+from cs336_systems.lm.optimizer import optimizer_label, optimizer_modules
+
+
+@dataclass(frozen=True)
+class LeaderboardVariant:
+    attention: str      # a name of lm.attention.ATTENTION_IMPLEMENTATIONS
+    optimizer: str      # a name of lm.optimizer.OPTIMIZERS
+    compile: bool       # each layer compiled
+    recompute: str      # a name of lm.levers.LAYER_RECOMPUTE
+    chunked_loss: bool  # LM head and loss a chunk of tokens at a time
+    stock: bool = False
+
+    def modules(self) -> list[str]:
+        """Package modules the variant imports lazily (its rule's sources)."""
+        return attention_modules(self.attention) + optimizer_modules(self.optimizer)
+
+
+@dataclass(frozen=True)
+class Lever:
+    name: str         # a field of LeaderboardVariant
+    label: str
+    ours: object      # the field's value in `ours`
+    off: object       # its value with the lever off: stock's part (stock compiles too)
+    without: str      # the variant that is `ours` with this lever off
+
+    def describe(self, value) -> str:
+        if self.name == "attention":
+            return attention_label(value)
+        if self.name == "optimizer":
+            return optimizer_label(value)
+        if self.name == "recompute":
+            return {"all": "full checkpointing", "elementwise": "matmuls kept, elementwise "
+                    "work recomputed", "none": "nothing recomputed"}[value]
+        if self.name == "compile":
+            return "layers compiled" if value else "eager"
+        return "chunked" if value else "whole logits"
+
+
+LEVERS: tuple[Lever, ...] = (
+    Lever("attention", "attention kernel", "flash-triton", "sdpa-cudnn", "ours-but-cudnn"),
+    Lever("optimizer", "optimizer", "adamw-fused", "torch-adamw-fused", "ours-but-torch-adamw"),
+    Lever("compile", "per-layer torch.compile", True, False, "ours-but-eager"),
+    Lever("recompute", "activation checkpointing", "elementwise", "all",
+          "ours-but-full-recompute"),
+    Lever("chunked_loss", "LM head and loss", True, False, "ours-but-whole-logits"),
+)
+LEVER_NAMES = tuple(lever.name for lever in LEVERS)
+
+STOCK = LeaderboardVariant("sdpa-cudnn", "torch-adamw-fused", compile=True, recompute="all",
+                       chunked_loss=False, stock=True)
+OURS = LeaderboardVariant(**{lever.name: lever.ours for lever in LEVERS})
+PLAIN = LeaderboardVariant("sdpa", "adamw", compile=False, recompute="none", chunked_loss=False)
+
+VARIANTS: dict[str, LeaderboardVariant] = {
+    "stock": STOCK,
+    "ours": OURS,
+    **{lever.without: replace(OURS, **{lever.name: lever.off}) for lever in LEVERS},
+    "plain": PLAIN,
+}
+
+
+def variant_label(name: str) -> str:
+    """A variant's name in tables: what it changes from `ours` or `stock`."""
+    if name in ("stock", "ours", "plain"):
+        return {"stock": "stock parts", "ours": "ours, every lever",
+                "plain": "the model as written"}[name]
+    variant = VARIANTS.get(name)
+    if variant is None:
+        return name
+    changed = [lever for lever in LEVERS if getattr(variant, lever.name) != lever.ours]
+    return "ours, but " + ", ".join(lever.describe(getattr(variant, lever.name))
+                                    for lever in changed)
+
+
+def lever_of(name: str) -> Lever | None:
+    """The one lever in which variant `name` differs from `ours`, or None."""
+    variant = VARIANTS.get(name)
+    if variant is None or name in ("ours", "stock", "plain"):
+        return None
+    changed = [lever for lever in LEVERS if getattr(variant, lever.name) != lever.ours]
+    return changed[0] if len(changed) == 1 else None

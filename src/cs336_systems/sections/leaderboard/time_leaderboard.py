@@ -1,0 +1,224 @@
+"""One training step of the 2026 leaderboard (assignment section 8) in one variant (`runs.VARIANTS`)
+: forward, loss, backward and AdamW, bf16 compute over fp32 weights and optimizer
+state, one sequence per GPU, timed.
+
+    python -m cs336_systems.sections.leaderboard.time_leaderboard --variant ours --shape 8b \
+        --layers 17 --context-length 32768 --world-size 1 --output r.json
+
+With `--world-size 1` the step runs in this process on one device, nothing sharded (the proxy
+of one GPU's share when `--layers` is below the shape's). With more, torchrun starts one
+process per GPU and every run is sharded the same way, torch's FSDP2 on each layer and on the
+root (parameters gathered in bf16, gradients reduced in fp32); a machine with fewer GPUs
+records `skipped`.
+
+Before timing, the job checks the step's input/output behaviour at the full model shape on
+`--check-tokens` tokens a sequence: the loss and gradients of this run's levers against the
+model as written (nothing recomputed, SDPA, whole logits), both eager, the same weights and
+batch. Then `--warmup-steps` steps (compilation happens there) and `--measure-steps` timed
+steps. With `--cold-caches` the compilers' on-disk caches start empty, so that the record's
+`wall_s` (this process's start to the record) is the leaderboard's from-empty-caches time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+from cs336_systems.distributed.training import fully_shard_layers
+from cs336_systems.lm.build import cpu_unavailable_reason
+from cs336_systems.lm.levers import LanguageModelLoss, apply_layer_levers, plain
+from cs336_systems.lm.model import TransformerLM, train_step_flops
+from cs336_systems.lm.optimizer import build_optimizer
+from cs336_systems.lm.precision import PRECISIONS, autocast_context
+from cs336_systems.lm.sizes import LEADERBOARD_SHAPES, ModelSize
+from cs336_systems.lm.step import lm_step_phases, random_batch
+from cs336_systems.measure.ceilings import matmul_tflops
+from cs336_systems.measure.memory import peak_gib, reset_peak
+from cs336_systems.measure.timing import time_phases
+from cs336_systems.pipeline.cli import (
+    add_common_arguments,
+    non_negative_int,
+    positive_int,
+)
+from cs336_systems.pipeline.records import Skip, run_and_record
+from cs336_systems.pipeline.torchrun import launch_or_work
+from cs336_systems.sections.leaderboard.runs import PLAIN, VARIANTS, LeaderboardVariant
+
+MODULE = "cs336_systems.sections.leaderboard.time_leaderboard"
+STARTED = time.time()  # the from-empty-caches clock starts when the job imports this
+
+
+def shape_of(config: dict) -> ModelSize:
+    spec = LEADERBOARD_SHAPES[config["shape"]]
+    if config["context_length"] > spec.max_context_length:
+        raise ValueError(f"context length {config['context_length']} exceeds shape "
+                         f"{config['shape']!r}'s {spec.max_context_length}")
+    return spec
+
+
+def build(run: LeaderboardVariant, config: dict, device: torch.device, world_size: int):
+    """The model with the run's levers, its loss module (sharded when world_size > 1)."""
+    spec = shape_of(config)
+    torch.manual_seed(config["seed"])
+    model = TransformerLM(spec.vocab_size, config["context_length"], spec.d_model,
+                          config["layers"] or spec.num_layers, spec.num_heads, spec.d_ff,
+                          attention=run.attention, device=device)
+    apply_layer_levers(model, run.recompute, run.compile)
+    lm_loss = LanguageModelLoss(model, chunked=run.chunked_loss)
+    if world_size > 1:
+        dtype = PRECISIONS[config["precision"]]
+        fully_shard_layers(lm_loss, model.layers, device,
+                           None if dtype == torch.float32 else dtype)
+    return model, lm_loss
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def check_io(model: TransformerLM, lm_loss: LanguageModelLoss, config: dict,
+             device: torch.device, rank: int, world_size: int) -> dict:
+    """Loss and gradients of the run's levers against the model as written, both eager, on one
+    batch of `check_tokens`-token sequences; each rank compares its own shards."""
+    ids, targets = random_batch(world_size, config["check_tokens"], device, config["seed"] + 1,
+                                rank, world_size, shape_of(config).vocab_size)
+
+    def loss_and_grads():
+        with autocast_context(device, config["precision"]):
+            loss = lm_loss(ids, targets)
+        loss.backward()
+        grads = {n: _local(p.grad).float().clone() for n, p in lm_loss.named_parameters()}
+        lm_loss.zero_grad(set_to_none=True)
+        return loss.detach().float(), grads
+
+    with plain(model, lm_loss):
+        reference_loss, reference = loss_and_grads()
+    with torch.compiler.set_stance("force_eager"):
+        loss, grads = loss_and_grads()
+    worst, worst_name = 0.0, None
+    for name, ref in reference.items():
+        error = float((grads.pop(name) - ref).norm() / ref.norm().clamp_min(1e-30))
+        if error > worst:
+            worst, worst_name = error, name
+    del reference
+    losses = torch.stack([loss, reference_loss])
+    if world_size > 1:  # the batch's mean loss, and the worst gradient of any rank
+        dist.all_reduce(losses)
+        losses /= world_size
+        everyone = [None] * world_size
+        dist.all_gather_object(everyone, (worst, worst_name))
+        worst, worst_name = max(everyone, key=lambda pair: pair[0])
+    return {"check_tokens": config["check_tokens"], "check_loss": float(losses[0]),
+            "check_loss_reference": float(losses[1]),
+            "check_loss_abs_diff": float((losses[0] - losses[1]).abs()),
+            "check_grad_max_rel_diff": worst, "check_grad_worst": worst_name}
+
+
+def skip_reason(run: LeaderboardVariant, config: dict, device: str) -> str | None:
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return cpu_unavailable_reason(run.attention, run.optimizer, run.compile,
+                                      config["precision"])
+    return None
+
+
+def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:
+    run = VARIANTS[config["variant"]]
+    if device.type == "cuda":  # the compiled stock run needs it (else it runs out of memory)
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    ceiling = matmul_tflops(device) if device.type == "cuda" else None
+    model, lm_loss = build(run, config, device, world_size)
+    # the model as written has no lever to check against itself
+    metrics = check_io(model, lm_loss, config, device, rank, world_size) \
+        if config["check_tokens"] and run != PLAIN else {}
+    spec = shape_of(config)
+    ids, targets = random_batch(world_size, config["context_length"], device, config["seed"],
+                                rank, world_size, spec.vocab_size)
+    optimizer = build_optimizer(run.optimizer, lm_loss.parameters())
+    phases = lm_step_phases(lm_loss, ids, targets, "train-step", config["precision"],
+                            optimizer, loss_of=lm_loss)
+    reset_peak(device)
+    times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"])
+    metrics.update({k: v for k, v in times.metrics().items() if "warmup" not in k})
+    metrics["warmup_step_ms"] = times.warmup_ms.get("step", [])
+    peak = peak_gib(device)
+    peaks = [peak]
+    if world_size > 1:
+        peaks = [None] * world_size
+        dist.all_gather_object(peaks, peak)
+    layers = config["layers"] or spec.num_layers
+    metrics.update(
+        peak_gib=peak, peak_gib_per_rank=peaks, matmul_tflops=ceiling, layers=layers,
+        model_flops=train_step_flops(spec, world_size, config["context_length"], layers),
+        parameters=sum(p.numel() for p in lm_loss.parameters()),  # a DTensor counts whole
+        wall_s=time.time() - STARTED)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variant", required=True, choices=list(VARIANTS))
+    parser.add_argument("--shape", default="8b", choices=list(LEADERBOARD_SHAPES))
+    parser.add_argument("--layers", type=positive_int, default=None,
+                        help="layers of the model (default: the shape's; fewer: a proxy)")
+    parser.add_argument("--context-length", type=positive_int, default=32768,
+                        help="tokens of each GPU's one sequence")
+    parser.add_argument("--world-size", type=positive_int, default=2)
+    parser.add_argument("--precision", default="bf16", choices=list(PRECISIONS))
+    parser.add_argument("--check-tokens", type=non_negative_int, default=4096,
+                        help="tokens a sequence of the input/output check (0: no check)")
+    parser.add_argument("--warmup-steps", type=non_negative_int, default=2)
+    parser.add_argument("--measure-steps", type=positive_int, default=5)
+    parser.add_argument("--cold-caches", action=argparse.BooleanOptionalAction, default=False,
+                        help="start with empty torch.compile and Triton caches")
+    add_common_arguments(parser)
+    args = parser.parse_args(argv)
+    spec = LEADERBOARD_SHAPES[args.shape]
+    for option, value in (("--context-length", args.context_length),
+                          ("--check-tokens", args.check_tokens)):
+        if value > spec.max_context_length:
+            parser.error(f"{option} {value} exceeds shape {args.shape!r}'s "
+                         f"{spec.max_context_length} tokens")
+    config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
+    config["backend"] = "nccl" if args.device.startswith("cuda") or (
+        args.device == "auto" and torch.cuda.is_available()) else "gloo"
+    caches = _empty_caches() if args.cold_caches and "LOCAL_RANK" not in os.environ else None
+    try:
+        if reason := skip_reason(VARIANTS[args.variant], config, args.device):
+            run_and_record("leaderboard", config, args.output, _skip(reason), args.device)
+        elif args.world_size == 1:
+            run_and_record("leaderboard", config, args.output,
+                           lambda device: work(config, 0, 1, device), args.device)
+        else:
+            launch_or_work(MODULE, "leaderboard", config, args.output, work, args.world_size,
+                           config["backend"], sys.argv[1:] if argv is None else argv,
+                           timeout_s=900)
+    finally:
+        if caches:
+            shutil.rmtree(caches, ignore_errors=True)
+
+
+def _skip(reason: str):
+    def measure(_device):
+        raise Skip(reason)
+    return measure
+
+
+def _empty_caches() -> str:
+    """Point torch.compile's and Triton's on-disk caches at a new empty folder (inherited by
+    torchrun's workers); returns it, to be removed after the run."""
+    folder = tempfile.mkdtemp(prefix="cs336-leaderboard-caches-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(folder, "inductor")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(folder, "triton")
+    return folder
+
+
+if __name__ == "__main__":
+    main()
