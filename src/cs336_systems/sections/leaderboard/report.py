@@ -74,22 +74,32 @@ def _step_speedup(a: pd.Series, b: pd.Series) -> dict | None:
     return speedup(a["step_ms_mean"], b["step_ms_mean"], a["step_ms_std"], b["step_ms_std"])
 
 
-def lever_rows(ok: pd.DataFrame) -> list[dict]:
-    """What each lever bought: `ours` against the same step with that lever off."""
+# A peak difference smaller than this is reported as the same peak.
+SAME_PEAK_GIB = 0.1
+
+
+def lever_rows(frame: pd.DataFrame) -> list[dict]:
+    """What each lever bought: `ours` against the same step with that lever off. A lever
+    without which the step ran out of memory bought the fit (`oom`)."""
     rows = []
+    by_variant = frame.set_index("variant")
+    ours = by_variant.loc[OURS] if OURS in by_variant.index else None
     for lever in LEVERS:
-        if lever.without not in ok.index:
+        if lever.without not in by_variant.index:
             continue
-        without = ok.loc[lever.without]
+        without = by_variant.loc[lever.without]
         entry = {"lever": lever.label, "on": lever.describe(lever.ours),
-                 "off": lever.describe(lever.off), "off_ms": number(without["step_ms_median"]),
-                 "off_peak_gib": number(without["peak_gib"])}
-        if OURS in ok.index:
-            ours = ok.loc[OURS]
+                 "off": lever.describe(lever.off), "status": without["status"],
+                 "oom": without["status"] == "oom"}
+        if ours is not None and ours["status"] == "ok" and without["status"] == "ok":
+            saved = without["step_ms_median"] - ours["step_ms_median"]
+            peak = without["peak_gib"] - ours["peak_gib"]
             entry.update(
-                saved_ms=number(without["step_ms_median"] - ours["step_ms_median"]),
-                speedup=_step_speedup(ours, without),
-                saved_gib=number(without["peak_gib"] - ours["peak_gib"]))
+                saved_ms=number(saved), speedup=_step_speedup(ours, without),
+                share=number(abs(saved) / without["step_ms_median"]),
+                peak_gib=number(abs(peak)),
+                peak_word="the same peak" if abs(peak) < SAME_PEAK_GIB
+                else "lower" if peak > 0 else "higher")
         rows.append(entry)
     return rows
 
@@ -110,7 +120,7 @@ def table_of(frame: pd.DataFrame, ceiling: float | None) -> pd.DataFrame:
         "% of matmul ceiling": (100 * frame["per_gpu_tflops"] / ceiling if ceiling
                                 else float("nan")),
         "peak GiB": frame["peak_gib"],
-        "ms the lever saves": pd.Series(bought, dtype="float64"),
+        "ms the lever saves (< 0: costs)": pd.Series(bought, dtype="float64"),
         "wall s, empty caches": frame["wall_s"],
         "check": ["" if (p := check_passes(r)) is None else "passes" if p else "FAILS"
                   for _, r in frame.iterrows()]})
@@ -151,8 +161,14 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     against = None
     if fastest is not None and STOCK in ok.index:
         ratio = ok.loc[fastest, "step_ms_median"] / ok.loc[STOCK, "step_ms_median"]
+        every_lever = None
+        if OURS in ok.index and fastest != OURS:
+            every_lever = {"ms": number(ok.loc[OURS, "step_ms_median"]),
+                           "ratio": number(ok.loc[OURS, "step_ms_median"]
+                                           / ok.loc[STOCK, "step_ms_median"])}
         against = {"ratio": number(ratio), "speedup": _step_speedup(ok.loc[fastest],
                                                                     ok.loc[STOCK]),
+                   "every_lever": every_lever,
                    "stock_ms": number(ok.loc[STOCK, "step_ms_median"]),
                    "stock_tflops": number(ok.loc[STOCK, "per_gpu_tflops"]),
                    "stock_peak_gib": number(ok.loc[STOCK, "peak_gib"]),
@@ -179,8 +195,10 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
                "measured in this preset") if shape["proxy"] else ""
     return {
         "measured": True, "shape": shape, "ceiling_tflops": ceiling,
+        "ceiling_range": [number(ok["matmul_tflops"].min()), number(ok["matmul_tflops"].max())]
+        if len(ok) else None,
         "table": to_markdown(table_of(frame, ceiling)), "table_file": outputs["table"],
-        "best": best, "against": against, "levers": lever_rows(ok),
+        "best": best, "against": against, "levers": lever_rows(frame),
         "check": {"count": len(checked), "passed": sum(checked), "worst_grad": worst_grad,
                   "tolerance": CHECK_TOLERANCE[shape["precision"]]},
         "wall": {"max_s": number(walls.max()) if len(walls) else None,

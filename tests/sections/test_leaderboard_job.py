@@ -1,0 +1,56 @@
+"""The leaderboard's job on a CPU: a variant this machine cannot run is `skipped` with the reason;
+the model as written runs in-process; and the two-GPU path (torchrun, FSDP2 on every layer and
+the root, our fused AdamW on the shards, the input/output check on each rank) runs on two CPU
+ranks with gloo at the tiny shape, so that two GPUs need nothing but the command."""
+
+import json
+
+import pytest
+
+from cs336_systems.sections.leaderboard import time_leaderboard
+
+TINY = ["--shape", "tiny", "--context-length", "32", "--check-tokens", "16",
+        "--precision", "fp32", "--warmup-steps", "1", "--measure-steps", "5", "--device", "cpu"]
+
+
+def _run(tmp_path, variant, *extra):
+    out = tmp_path / f"{variant}.json"
+    time_leaderboard.main(["--variant", variant, *TINY, *extra, "--output", str(out)])
+    return json.loads(out.read_text())
+
+
+def test_a_part_this_machine_lacks_is_skipped_with_the_reason(tmp_path):
+    record = _run(tmp_path, "stock", "--world-size", "1")
+    assert record["status"] == "skipped"
+    assert "needs CUDA" in record["message"]
+
+
+def test_the_model_as_written_runs_in_process(tmp_path):
+    record = _run(tmp_path, "plain", "--world-size", "1")
+    assert record["status"] == "ok", record.get("message")
+    metrics = record["metrics"]
+    assert len(metrics["step_ms_samples"]) == 5
+    assert metrics["layers"] == 4 and metrics["parameters"] > 0
+    assert "check_loss" not in metrics  # nothing to check the plain model against
+
+
+def test_two_ranks_shard_train_and_check_with_gloo(tmp_path):
+    record = _run(tmp_path, "ours-but-eager", "--world-size", "2")
+    assert record["status"] == "ok", record.get("message")
+    metrics = record["metrics"]
+    assert len(metrics["peak_gib_per_rank"]) == 2
+    # FA2 (interpreted), selective recompute and the chunked loss against the plain model,
+    # through FSDP2's gathers, in fp32
+    assert metrics["check_grad_max_rel_diff"] < 1e-4
+    assert metrics["check_loss_abs_diff"] < 1e-5
+    # two sequences, one per rank: twice the FLOPs of one
+    one = time_leaderboard.train_step_flops(
+        time_leaderboard.LEADERBOARD_SHAPES["tiny"], 1, 32)
+    assert metrics["model_flops"] == 2 * one
+
+
+def test_bad_arguments_fail_with_a_usage_message(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        time_leaderboard.main(["--variant", "ours", "--shape", "tiny", "--context-length",
+                               "4096", "--output", str(tmp_path / "r.json")])
+    assert "exceeds shape 'tiny'" in capsys.readouterr().err

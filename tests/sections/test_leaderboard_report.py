@@ -1,0 +1,107 @@
+"""The leaderboard section's facts and prose on synthetic records: other numbers must give other
+words (faster or slower than the stock parts, a lever that saves or costs, a check that fails,
+a wall time over the limit), and a preset with fewer layers says it measured a proxy."""
+
+import pytest
+
+from cs336_systems.pipeline.records import make_record, write_json_atomic
+from cs336_systems.report.render import render
+from cs336_systems.sections import Section
+from cs336_systems.sections.leaderboard import report as section
+
+ENV = {"device": "cuda", "gpu": "NVIDIA H200", "torch": "2.11", "triton": "3.6", "git": "abc"}
+CONFIG = {"shape": "8b", "layers": 17, "context_length": 32768, "world_size": 1,
+          "precision": "bf16", "check_tokens": 4096, "warmup_steps": 2, "measure_steps": 5,
+          "cold_caches": True, "seed": 0}
+ASSIGNMENT = {"shape": "8b", "layers": None, "context_length": 32768, "world_size": 2}
+
+
+def _record(tmp_path, variant, ms, peak=100.0, status="ok", grad_diff=0.01, wall=40.0,
+            config=CONFIG, spread=5.0):
+    metrics = {} if status != "ok" else {
+        **{f"step_ms_{s}": v for s, v in (("mean", ms), ("std", spread), ("median", ms),
+                                          ("min", ms - spread), ("max", ms + spread))},
+        "peak_gib": peak, "matmul_tflops": 760.0, "model_flops": 1.32e15,
+        "layers": config["layers"] or 34,
+        "wall_s": wall, "check_tokens": 4096, "check_loss": 11.93,
+        "check_loss_reference": 11.93, "check_loss_abs_diff": 1e-4,
+        "check_grad_max_rel_diff": grad_diff, "check_grad_worst": "w1", "parameters": 4.7e9}
+    path = tmp_path / f"{variant}.json"
+    write_json_atomic(path, make_record("leaderboard", {**config, "variant": variant}, status,
+                                        metrics, ENV,
+                                        "CUDA out of memory" if status == "oom" else None))
+    return str(path)
+
+
+def _facts(tmp_path, paths):
+    facts = section.build({"records": paths}, {"assignment": ASSIGNMENT},
+                          {"table": str(tmp_path / "t.csv")})
+    text = " ".join(render(Section("leaderboard").template, facts, link_base=tmp_path).split())
+    return facts, text
+
+
+def _matrix(tmp_path, ours=2700.0, stock=3000.0, cudnn=2500.0, eager=3600.0,
+            full_recompute=3000.0, **kw):
+    return [_record(tmp_path, "stock", stock, peak=137.0),
+            _record(tmp_path, "ours", ours, peak=117.0, **kw),
+            _record(tmp_path, "ours-but-cudnn", cudnn, peak=117.0),
+            _record(tmp_path, "ours-but-eager", eager, peak=117.0),
+            _record(tmp_path, "ours-but-full-recompute", full_recompute, peak=77.0),
+            _record(tmp_path, "ours-but-whole-logits", 0, status="oom")]
+
+
+def test_the_fastest_variant_against_the_stock_parts(tmp_path):
+    facts, text = _facts(tmp_path, _matrix(tmp_path))
+    assert facts["best"]["variant"] == "ours-but-cudnn"
+    assert facts["against"]["ratio"] == pytest.approx(2500 / 3000)
+    assert "1.20x faster than the stock parts" in text
+    assert "misses the target of 0.75x" in text and "with a lower peak" in text
+    assert "With every lever of ours on" in text and "0.90x the stock parts'" in text
+
+
+def test_a_target_met_and_a_slower_step_read_differently(tmp_path):
+    _, met = _facts(tmp_path, _matrix(tmp_path, cudnn=2100.0))
+    assert "meets the target" in met
+    _, slower = _facts(tmp_path, _matrix(tmp_path, ours=3300.0, cudnn=3400.0, eager=3500.0,
+                                          full_recompute=3600.0))
+    assert "slower than the stock parts" in slower
+
+
+def test_each_lever_saves_costs_or_bought_the_fit(tmp_path):
+    facts, text = _facts(tmp_path, _matrix(tmp_path))
+    levers = {lever["lever"]: lever for lever in facts["levers"]}
+    assert levers["attention kernel"]["saved_ms"] == pytest.approx(-200)
+    assert "costs 200 ms a step" in text
+    assert "saves 900 ms a step" in text  # compile
+    assert "a peak 40.0 GiB higher" in text  # keeping the matmuls' outputs
+    assert "the step runs out of memory, so it bought the fit" in text
+
+
+def test_a_tie_inside_the_spread_is_called_one(tmp_path):
+    paths = _matrix(tmp_path)
+    paths.append(_record(tmp_path, "ours-but-torch-adamw", 2704.0))
+    _, text = _facts(tmp_path, paths)
+    assert "a tie (4 ms, inside the spread)" in text
+
+
+def test_a_failed_check_and_a_slow_cold_start_are_said(tmp_path):
+    facts, text = _facts(tmp_path, _matrix(tmp_path, grad_diff=0.2, wall=700.0))
+    assert facts["check"]["passed"] == facts["check"]["count"] - 1
+    assert "FAILS" in facts["table"]
+    assert "over the 600 s limit" in text
+
+
+def test_fewer_layers_is_a_proxy_and_the_full_shape_is_not(tmp_path):
+    facts, text = _facts(tmp_path, _matrix(tmp_path))
+    assert facts["shape"]["proxy"] and "A proxy, not the leaderboard's run" in text
+    assert facts["coverage"]["leaderboard (2026)"]["status"] == "partly answered"
+    full = {**CONFIG, "layers": None, "world_size": 2}
+    facts, text = _facts(tmp_path, [_record(tmp_path, "stock", 6000.0, config=full),
+                                    _record(tmp_path, "ours", 4400.0, config=full)])
+    assert not facts["shape"]["proxy"] and "A proxy" not in text
+    assert facts["coverage"]["leaderboard (2026)"]["status"] == "answered"
+
+
+def test_no_records_render(tmp_path):
+    facts, text = _facts(tmp_path, [])
+    assert "No variant of the leaderboard's step was measured" in text
