@@ -22,13 +22,15 @@ from cs336_systems.measure.timing import Phase
 def build_lm_step(config: Mapping, device: torch.device) -> tuple[nn.Module, list[Phase]]:
     """The model and the phases of one step: keys size, context_length, attention, batch_size,
     mode, precision, seed, and optionally checkpoint_block_size (see `TransformerLM`),
-    optimizer (a name of `OPTIMIZERS`, for train-step; AdamW by default) and compile (`torch.compile` the model; it compiles on the first step)."""
+    optimizer (a name of `OPTIMIZERS`, for train-step; AdamW by default), compile
+    (`torch.compile` the model; it compiles on the first step) and compile_mode (torch.compile's
+    `mode`: "reduce-overhead" replays each compiled graph as a CUDA graph)."""
     torch.manual_seed(config["seed"])
     model = build_model(config["size"], config["context_length"],
                         attention=config["attention"],
                         checkpoint_block_size=config.get("checkpoint_block_size"), device=device)
     if config.get("compile"):
-        model = torch.compile(model)
+        model = torch.compile(model, mode=config.get("compile_mode"))
     token_ids, targets = random_batch(config["batch_size"], config["context_length"], device,
                                       config["seed"])
     optimizer = (build_optimizer(config.get("optimizer") or "adamw", model.parameters())

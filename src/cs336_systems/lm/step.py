@@ -65,6 +65,9 @@ def lm_step_phases(model: nn.Module, token_ids: torch.Tensor, targets: torch.Ten
         return [("forward", forward)]
 
     def forward_loss():
+        # a new iteration: outputs of the last one may be overwritten (where a compiled model
+        # replays CUDA graphs; a counter otherwise)
+        torch.compiler.cudagraph_mark_step_begin()
         with autocast_context(device, precision):
             if loss_of is not None:
                 with record_function("forward"):

@@ -1,6 +1,7 @@
 """The training steps the section puts side by side, each defined once: which model, attention,
 optimizer and compilation. Ours in every combination of attention (SDPA, our FA2), optimizer
-(AdamW written out, fused) and compilation; the stock parts a user would assemble instead: our
+(AdamW written out, fused) and compilation, and compiled into CUDA graphs with the fused
+optimizer; the stock parts a user would assemble instead: our
 model with torch's fused AdamW and SDPA's cuDNN attention, compiled, and Hugging Face's Llama
 of the same shape with torch's fused AdamW, eager and compiled.
 """
@@ -20,13 +21,15 @@ class TrainingRun:
     optimizer: str    # a name of lm.optimizer.OPTIMIZERS
     compile: bool
     stock: bool = False  # what a user would run instead of ours
+    graphs: bool = False  # compiled with mode "reduce-overhead": graphs replayed as CUDA graphs
 
     @property
     def label(self) -> str:
         model = "HF Llama" if self.model == "hf-llama" else "ours"
         attention = "SDPA" if self.model == "hf-llama" else attention_label(self.attention)
-        return (f"{model}, {attention}, {optimizer_label(self.optimizer)}"
-                f"{', compiled' if self.compile else ''}")
+        compiled = ", compiled, CUDA graphs" if self.graphs else ", compiled" if self.compile \
+            else ""
+        return f"{model}, {attention}, {optimizer_label(self.optimizer)}{compiled}"
 
     def modules(self) -> list[str]:
         """Package modules the run imports lazily (its rule's sources)."""
@@ -43,6 +46,8 @@ RUNS: dict[str, TrainingRun] = {
        for c in (False, True)
        for a, attention in (("sdpa", "sdpa"), ("fa2", "flash-triton"))
        for o, optimizer in (("adamw", "adamw"), ("fused", "adamw-fused"))},
+    **{f"ours-{a}-fused-graphs": TrainingRun("ours", attention, "adamw-fused", True, graphs=True)
+       for a, attention in (("sdpa", "sdpa"), ("fa2", "flash-triton"))},
     "stock-compiled": TrainingRun("ours", "sdpa-cudnn", "torch-adamw-fused", True, stock=True),
     "hf-llama": TrainingRun("hf-llama", "sdpa", "torch-adamw-fused", False, stock=True),
     "hf-llama-compiled": TrainingRun("hf-llama", "sdpa", "torch-adamw-fused", True, stock=True),

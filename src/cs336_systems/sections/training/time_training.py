@@ -47,21 +47,28 @@ def skip_reason(run: TrainingRun, config: dict, device: torch.device) -> str | N
     if run.model == "hf-llama":
         return unavailable_reason()
     if device.type == "cpu":
+        if run.graphs:
+            return "CUDA graphs need CUDA"
         return cpu_unavailable_reason(run.attention, run.optimizer, run.compile,
                                       config["precision"])
     return None
+
+
+def compile_mode(run: TrainingRun) -> str | None:
+    return "reduce-overhead" if run.graphs else None
 
 
 def build_step(run: TrainingRun, config: dict, device: torch.device):
     """The model and the phases of one training step of `run`."""
     if run.model == "ours":
         return build_lm_step({**config, "attention": run.attention, "optimizer": run.optimizer,
-                              "compile": run.compile, "mode": MODE}, device)
+                              "compile": run.compile, "compile_mode": compile_mode(run),
+                              "mode": MODE}, device)
     torch.manual_seed(config["seed"])
     model = build_hf_llama(config["size"], config["context_length"], device)
     optimizer = build_optimizer(run.optimizer, model.parameters())
     if run.compile:
-        model = torch.compile(model)
+        model = torch.compile(model, mode=compile_mode(run))
     token_ids, targets = random_batch(config["batch_size"], config["context_length"], device,
                                       config["seed"])
     return model, lm_step_phases(model, token_ids, targets, MODE, config["precision"], optimizer)
