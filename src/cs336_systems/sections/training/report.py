@@ -94,6 +94,7 @@ def optimizer_facts(frame: pd.DataFrame) -> list[dict]:
                      "extra_gib": number(a["extra_gib"])}
         reference = ok.loc["adamw"] if "adamw" in ok.index else None
         out.append({"size": size, "parameters": number(group["parameters"].iloc[0]),
+                    "gpu": group["gpu"].iloc[0], "git": group["git"].iloc[0],
                     "floor_ms": floor, "copy_gbps": number(group["copy_gbps"].iloc[0]),
                     "table": to_markdown(shown) if len(shown) else "_(no optimizer measured)_",
                     "fused": fused,
