@@ -84,6 +84,7 @@ def test_the_slurm_profile_asks_each_job_for_what_its_rule_needs(workdir, preset
         "ddp": lambda w: distributed["ddp"]["world_size"] if on_gpus else 0,
         "sharded_optimizer": lambda w: (distributed["sharded_optimizer"]["world_size"]
                                         if on_gpus else 0),
+        "leaderboard": lambda w: config["leaderboard"]["world_size"] if on_gpus else 0,
     }
     seen = set()
     for job in jobs:
@@ -101,6 +102,8 @@ def test_the_slurm_profile_asks_each_job_for_what_its_rule_needs(workdir, preset
         if rule in ("allreduce", "ddp", "sharded_optimizer"):  # one process per rank
             ranks = job["wildcards"].get("world_size") or distributed[rule]["world_size"]
             assert job["threads"] == ranks, job
+        if rule == "leaderboard":
+            assert job["threads"] == config["leaderboard"]["world_size"], job
         if gpus:  # a rule that takes GPUs states its resources with measuring_job()
             assert resources["runtime"] == 60, job
             assert resources["mem_mb"] == 32000 * job["threads"], job
@@ -122,6 +125,20 @@ def test_the_slurm_profile_asks_each_job_for_what_its_rule_needs(workdir, preset
             assert f" --cpus-per-task={job['wildcards']['world_size']} " in f"{call} ", call
     assert "--gpus" not in writeup, writeup
     assert " --cpus-per-task=1 " in f"{writeup} " and " -t 15 " in writeup, writeup
+
+
+def test_the_leaderboard_plans_for_two_gpus(workdir):
+    """The leaderboard's run on two GPUs is one command: the assignment preset plans every
+    variant as a two-GPU, two-process job at the full shape (no SLURM plugin needed)."""
+    out = snakemake(workdir, "results/assignment/sections/leaderboard.md", "--dry-run",
+                    "--forceall", "--cores", "2", "--config", "preset=assignment").stdout
+    board = _preset(workdir, "assignment")["leaderboard"]
+    jobs = [job for job in planned_jobs(out) if job["rule"] == "leaderboard"]
+    assert sorted(job["wildcards"]["variant"] for job in jobs) == sorted(board["variants"])
+    assert board["world_size"] == 2 and board["layers"] is None and board["shape"] == "8b"
+    for job in jobs:
+        assert job["resources"]["gpu"] == 2 and job["threads"] == 2, job
+        assert job["resources"]["mem_mb"] == 2 * 32000, job
 
 
 def _benchmark_records(workdir: Path, count: int) -> list[Path]:
