@@ -502,3 +502,20 @@ def test_a_record_from_before_a_target_says_what_is_missing(tmp_path):
     assert missing["status"] == "missing" and missing["meets_target"] is None
     assert missing["reason"].startswith("SDPA cuDNN not in the group's record")
     assert "rerun the group's job" in missing["reason"]
+
+
+def test_a_long_speed_table_is_summarised_one_row_per_target(tmp_path, monkeypatch):
+    """Over MAX_SHOWN_ROWS rows, the text shows one row per target (how many meet it, the
+    range, the farthest miss) and links the CSV that holds every row."""
+    monkeypatch.setattr(speed_report, "MAX_SHOWN_ROWS", 5)
+    speed = _speed_records(tmp_path)
+    facts = _facts(tmp_path, speed)
+    sp = facts["speed"]
+    assert sp["whole"] is False and sp["rows"] == 13
+    summary = speed_report.speed_summary(speed_report.speed_table(speed))
+    assert len(summary) == len(summary.drop_duplicates(["target", "bound"])) < 13
+    stretch = summary.set_index("target").loc["leaderboard forward+backward (stretch)"]
+    assert stretch["met"] == "0 of 1" and stretch["farthest miss"].startswith("1.20x at")
+    text = " ".join(render(Section("flash").template, facts, link_base=tmp_path).split())
+    assert "the speed table's CSV" in text and "Unmet:" not in text
+    assert "| leaderboard forward+backward (stretch) " in sp["table"]

@@ -60,6 +60,10 @@ def format_number(value) -> str:
     return str(value)
 
 
+# A table of more rows than this goes to its CSV; the text shows a summary of it.
+MAX_SHOWN_ROWS = 25
+
+
 def to_markdown(frame: pd.DataFrame) -> str:
     """A markdown table; floats get `format_number`, strings are printed as they are."""
     if frame.empty:

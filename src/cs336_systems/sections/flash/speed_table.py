@@ -16,7 +16,7 @@ import pandas as pd
 from cs336_systems.pipeline.records import read_record
 from cs336_systems.report.facts import reason, speedup
 from cs336_systems.report.render import fmt, fmt_ratio
-from cs336_systems.report.tables import to_markdown
+from cs336_systems.report.tables import MAX_SHOWN_ROWS, to_markdown
 from cs336_systems.sections.flash.targets import TARGETS, UNITS_SHOWN, Target
 
 COLUMNS = ["target", "title", "shape", "dtype", "causal", "ours", "value", "value_std", "unit",
@@ -164,14 +164,42 @@ def _unmet(row: pd.Series) -> dict:
             "within_spread": row["within_spread"], "stretch": bool(row["stretch"])}
 
 
+def speed_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per target (title and bound): its shapes, how many meet it, and the range of
+    the compared values (ours / reference, or the value itself) with the farthest miss."""
+    rows = []
+    for (title, bound), group in table.groupby(["title", "target_text"], sort=False):
+        ok = group[group["status"] == "ok"]
+        met = ok[ok["meets_target"] == True]  # noqa: E712 - object column of True/False/None
+        missed = ok[ok["meets_target"] == False]  # noqa: E712
+        unit = group["unit"].iloc[0]
+        values = ok["compared"].dropna()
+        worst = missed.loc[missed["off_by"].idxmax()] if len(missed) else None
+        rows.append({
+            "target": title, "bound": bound, "shapes": len(group),
+            "met": f"{len(met)} of {len(group)}",
+            "measured": (f"{shown(values.min(), unit)} to {shown(values.max(), unit)}"
+                         if len(values) > 1 else shown(values.iloc[0], unit)
+                         if len(values) else ""),
+            "farthest miss": "" if worst is None else
+            f"{shown(worst['compared'], unit)} at {worst['shape']}"
+            + (" (within spread)" if worst["within_spread"] else ""),
+            "not measured": len(group) - len(ok)})
+    return pd.DataFrame(rows)
+
+
 def speed_facts(table: pd.DataFrame, record_paths: list[str]) -> dict:
-    """The speed table's markdown and counts, each unmet target with how far it is, and each
-    row that was not measured with its reason."""
+    """The speed table's markdown (the whole table up to `MAX_SHOWN_ROWS` rows, else one row
+    per target, the whole one in its CSV) and counts, each unmet target with how far it is,
+    and each row that was not measured with its reason."""
     ok = table[table["status"] == "ok"]
     rounds = sorted({read_record(p)["config"]["rounds"] for p in record_paths})
     met = ok[ok["meets_target"] == True]  # noqa: E712 - object column of True/False/None
+    whole = len(table) <= MAX_SHOWN_ROWS
     return {
-        "table": to_markdown(speed_display(table)) if len(table) else "",
+        "whole": whole,
+        "table": to_markdown(speed_display(table) if whole else speed_summary(table))
+        if len(table) else "",
         "rows": len(table),
         "measured": len(ok),
         "unmeasured": len(table) - len(ok),
