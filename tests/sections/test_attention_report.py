@@ -1,5 +1,6 @@
 """The attention section's report math, checked on the real H200 records of the reference run."""
 
+import copy
 import json
 import statistics
 
@@ -129,3 +130,25 @@ def test_coverage_and_rendering(facts, tmp_path):
     text = " ".join(render(Section("attention").template, facts, link_base=tmp_path).split())
     assert "The smallest configuration that ran out of memory is d 16, seq 16384" in text
     assert '<a id="pytorch_attention"></a>' in text and '<a id="torch_compile"></a>' in text
+
+
+def test_no_compile_time_is_given_as_negative(facts, tmp_path):
+    """A first compiled call that cost less than the eager one is no negative compilation:
+    the shapes where that happened are counted and left out of the estimate's range."""
+    compile_ms = facts["compile"]["compile_ms"]
+    text = " ".join(render(Section("attention").template, facts, link_base=tmp_path).split())
+    if compile_ms["negative"]:
+        assert compile_ms["min"] < 0
+        assert (f"At {compile_ms['negative']} of {compile_ms['shapes']} shapes the difference "
+                "came out below zero") in text
+    assert f"({compile_ms['min']:.0f} to" not in text
+
+
+def test_a_negative_difference_is_counted(facts, tmp_path):
+    changed = copy.deepcopy(facts)
+    changed["compile"]["compile_ms"].update(min=-1500.0, negative=3, shapes=20)
+    text = " ".join(render(Section("attention").template, changed, link_base=tmp_path).split())
+    assert "At 3 of 20 shapes the difference came out below zero (down to -1500 ms)" in text
+    changed["compile"]["compile_ms"].update(min=200.0, negative=0)
+    text = " ".join(render(Section("attention").template, changed, link_base=tmp_path).split())
+    assert "below zero" not in text and "(200 to" in text

@@ -259,6 +259,9 @@ def compile_facts(table: pd.DataFrame) -> dict | None:
                        for by in pairs.values()])
     startup = pd.Series([first(by.loc["eager"]) for by in pairs.values()])
     out["compile_ms"] = {"median": extra.median(), "min": extra.min(), "max": extra.max(),
+                         # shapes where the difference came out below zero, which no
+                         # compilation costs: the first calls' other costs varied more
+                         "negative": int((extra < 0).sum()), "shapes": len(extra),
                          "eager_first_median": startup.median(), "eager_first_std": startup.std(),
                          # not resolved when it is smaller than how much eager's first calls vary
                          "resolved": bool(abs(extra.median()) > startup.std())}
