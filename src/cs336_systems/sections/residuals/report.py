@@ -350,11 +350,16 @@ def memory_f_facts(records: list[dict]) -> tuple[pd.DataFrame, dict]:
                                 "analytic_mib": analytic_grads.get(n, 0) / MIB,
                                 "agrees": b == analytic_grads.get(n)} for n, b in grads],
                  "gradient_agrees": m["gradient_agrees"]}
+        # Saved bytes are measured (the pack hook's storages); a gradient's bytes are its
+        # .grad tensor's size, which equals the formula whenever backward produced it in fp32:
+        # that row checks that it did, not how much memory it took.
         shown = [{"context": c["context_length"], "quantity": "saved for backward",
-                  "measured MiB": entry["saved_mib"], "analytic MiB": entry["analytic_mib"],
+                  "read from": "saved-tensor hooks", "MiB": entry["saved_mib"],
+                  "analytic MiB": entry["analytic_mib"],
                   "agree": "yes" if m["saved_agrees"] else "no"}]
         shown += [{"context": c["context_length"], "quantity": f"gradient: {g['name']}",
-                   "measured MiB": g["mib"], "analytic MiB": g["analytic_mib"],
+                   "read from": ".grad sizes", "MiB": g["mib"],
+                   "analytic MiB": g["analytic_mib"],
                    "agree": "yes" if g["agrees"] else "no"} for g in entry["gradients"]]
         entry["table"] = to_markdown(pd.DataFrame(shown))
         entry["top_table"] = to_markdown(pd.DataFrame(
