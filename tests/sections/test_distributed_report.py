@@ -595,3 +595,23 @@ def test_a_step_time_tie_is_said_to_be_one(tmp_path):
     words = " ".join(render(Section("distributed").template, facts, link_base=tmp_path).split())
     assert "a difference inside the measured spread, so these steps do not tell the two apart" \
         in words
+
+
+def test_the_profiles_busy_time_is_reconciled_with_the_timed_phase(facts, markdown):
+    """naive and flat communicate only after backward: the profile's collective time and the
+    timed phase are the same calls measured two ways, and the text says by how much and which
+    way they differ (more: rank 0 waits inside the kernel; less: the phase holds copies)."""
+    (size,) = [d for d in facts["ddp"]["sizes"] if d["size"] == "xl"]
+    rows = {b["label"]: b for b in size["busy_vs_timed"]}
+    naive = ddp("naive")
+    assert rows["naive"]["busy_ms"] == pytest.approx(naive["collective_busy_ms_per_step"])
+    assert rows["naive"]["timed_ms"] == pytest.approx(naive["communicate_ms_mean"])
+    word = "more" if naive["collective_busy_ms_per_step"] > naive["communicate_ms_mean"] \
+        else "less"
+    assert rows["naive"]["word"] == word
+    words = " ".join(markdown.split())
+    assert (f"naive: the profile shows collectives running {rows['naive']['busy_ms']:.1f} ms a "
+            f"step, {rows['naive']['difference_ms']:.1f} ms {word} than its timed") in words
+    flat = rows["flat"]
+    assert flat["word"] == ("more" if ddp("flat")["collective_busy_ms_per_step"]
+                            > ddp("flat")["communicate_ms_mean"] else "less")

@@ -433,6 +433,19 @@ def size_facts(ok: pd.DataFrame) -> dict:
                        "communicate_ms": naive["communicate_ms_mean"],
                        "step_ms": naive["step_ms_mean"]}
 
+    # Where all communication follows backward (naive, flat), the profile's collective time
+    # and the timed `communicate` phase measure the same calls two ways; say how they differ.
+    busy_vs_timed = []
+    for label in ("naive", "flat"):
+        if label in by_label.index and pd.notna(by_label.loc[label,
+                                                          "collective_busy_ms_per_step"]):
+            row = by_label.loc[label]
+            busy, timed = row["collective_busy_ms_per_step"], row["communicate_ms_mean"]
+            busy_vs_timed.append({"label": label, "busy_ms": number(busy),
+                                  "timed_ms": number(timed),
+                                  "difference_ms": number(abs(busy - timed)),
+                                  "word": "more" if busy > timed else "less"})
+
     overlap = None
     if "overlap" in by_label.index:
         row = by_label.loc["overlap"]
@@ -471,6 +484,7 @@ def size_facts(ok: pd.DataFrame) -> dict:
         "variants": variants,
         "naive_vs_flat": naive_vs_flat,
         "naive_communication_share": naive_share,
+            "busy_vs_timed": busy_vs_timed,
         "overlap": overlap,
         "fastest": fastest,
         "vs_torch": vs_torch,
