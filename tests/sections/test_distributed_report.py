@@ -615,3 +615,13 @@ def test_the_profiles_busy_time_is_reconciled_with_the_timed_phase(facts, markdo
     flat = rows["flat"]
     assert flat["word"] == ("more" if ddp("flat")["collective_busy_ms_per_step"]
                             > ddp("flat")["communicate_ms_mean"] else "less")
+
+
+def test_the_sharded_optimizer_states_its_setup(facts, markdown):
+    config = json.loads((REFERENCE / "sharded_optimizer" / "sharded.json").read_text())["config"]
+    setup = facts["sharded"]["setup"]
+    assert setup["context_length"] == config["context_length"]
+    assert setup["batch_size"] == config["batch_size"]
+    words = " ".join(markdown.split())
+    assert (f"context {config['context_length']}, global batch {config['batch_size']} "
+            f"({config['batch_size'] // config['world_size']} sequences a rank)") in words

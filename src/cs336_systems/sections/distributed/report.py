@@ -671,6 +671,10 @@ def sharded_facts(table: pd.DataFrame, per_rank: dict[bool, list[dict]]) -> dict
         if all(m[f"peak_gib_{w}"] is not None for m in ranks for w, _ in MEMORY_WINDOWS)}
     return {**facts, "available": True, "world_size": int(sharded["world_size"]),
             "size": str(sharded["size"]), "name": edition_name(str(sharded["size"])),
+            "setup": {k: int(sharded[k]) if k in sharded and pd.notna(sharded[k]) else None
+                      for k in ("context_length", "batch_size", "warmup_steps",
+                                "measure_steps")}
+            | {"backend": str(sharded.get("backend", ""))},
             "state": state, "memory": memory, "rank_peaks": rank_peaks,
             "has_memory_readings": memory["replicated"]["peak_step_gib"] is not None
             and memory["sharded"]["peak_step_gib"] is not None,
