@@ -625,3 +625,21 @@ def test_the_sharded_optimizer_states_its_setup(facts, markdown):
     words = " ".join(markdown.split())
     assert (f"context {config['context_length']}, global batch {config['batch_size']} "
             f"({config['batch_size'] // config['world_size']} sequences a rank)") in words
+
+
+def test_bucketed_a_says_whether_the_bucket_size_mattered_and_where_it_would(facts, markdown):
+    """ddp_bucketed_benchmarking (a): the measured waits across bucket sizes against their
+    noise, and the overhead model's prediction for a slow link, from the same fit."""
+    from cs336_systems.sections.distributed.report import SLOW_LINK_GBPS, overhead_ms
+    (size,) = [s for s in facts["overhead"]["sizes"] if s["size"] == "xl"]
+    x = size["expectation"]
+    waits = [r["measured"]["ms"] for r in size["rows"]]
+    assert x["wait_range_ms"] == pytest.approx(max(waits) - min(waits))
+    assert x["resolved"] == (x["wait_range_ms"] > 2 * x["noise_ms"])
+    worst = x["slow_link"]["worst"]
+    row = next(r for r in size["rows"] if r["bucket_mib"] == worst["bucket_mib"])
+    assert worst["predicted_ms"] == pytest.approx(
+        overhead_ms(size["s_bytes"], row["buckets"], size["o_ms"], SLOW_LINK_GBPS))
+    words = " ".join(markdown.split())
+    verdict = "beyond" if x["resolved"] else "within"
+    assert f"a range of {x['wait_range_ms']:.2f} ms {verdict} twice the largest" in words

@@ -155,6 +155,11 @@ def fit_latency_bandwidth(rows: pd.DataFrame) -> tuple[float | None, float] | No
     return (float(intercept) if intercept > 0 else None), 1.0 / slope / 1e6  # ms/byte -> GB/s
 
 
+# ddp_bucketed_benchmarking (a) asks what setup would show the bucket size mattering: the same
+# model on two nodes over a 100 Gb/s network, where the all-reduce moves 12.5 GB/s.
+SLOW_LINK_GBPS = 12.5
+
+
 def overhead_ms(s_bytes: float, buckets: int, o_ms: float, w_gbps: float) -> float:
     """The bucketed DDP overhead model: the last bucket's transfer plus a fixed cost per
     bucket, s / (n_b w) + n_b o, in ms."""
@@ -571,6 +576,24 @@ def size_overhead(ok: pd.DataFrame, allreduce: pd.DataFrame) -> dict:
                                       for r in rows]})
     off = [r for r in rows if r["verdict"] != "inside the spread"]
     slowdowns = [r["backward_slowdown_ms"] for r in rows if r["backward_slowdown_ms"] is not None]
+    # (a): how much the bucket size changed the wait after backward, against its noise, and
+    # what the same model predicts on a slow link, where it would matter
+    waits = [r["measured"]["ms"] for r in rows]
+    noise = max(r["measured"]["std"] for r in rows)
+    slow = [{"bucket_mib": r["bucket_mib"],
+             "predicted_ms": overhead_ms(s_bytes, r["buckets"], o_ms, SLOW_LINK_GBPS)}
+            for r in rows]
+    slow_b_star = math.sqrt(s_bytes * SLOW_LINK_GBPS * 1e6 * o_ms)
+    expectation = {
+        "wait_min_ms": min(waits), "wait_max_ms": max(waits),
+        "wait_range_ms": max(waits) - min(waits), "noise_ms": noise,
+        "predicted_min_ms": min(r["predicted_ms"] for r in rows),
+        "predicted_max_ms": max(r["predicted_ms"] for r in rows),
+        "resolved": (max(waits) - min(waits)) > 2 * noise,
+        "slow_link": {"w_gbps": SLOW_LINK_GBPS,
+                      "best": min(slow, key=lambda x: x["predicted_ms"]),
+                      "worst": max(slow, key=lambda x: x["predicted_ms"]),
+                      "b_star_mib": slow_b_star / MIB}}
     return {
         **facts, "available": True,
         "table": to_markdown(display),
@@ -584,6 +607,7 @@ def size_overhead(ok: pd.DataFrame, allreduce: pd.DataFrame) -> dict:
         "b_star_bytes": b_star, "b_star_mib": b_star / MIB, "n_b_star": s_bytes / b_star,
         "backward_slowdown_min_ms": min(slowdowns) if slowdowns else None,
         "backward_slowdown_max_ms": max(slowdowns) if slowdowns else None,
+        "expectation": expectation,
     }
 
 
