@@ -56,6 +56,9 @@ def test_a_cpu_run_answers_every_part_and_says_it_is_a_cpu(cpu_run):
     facts, text = _build(paths, out, [nsys])
     assert not facts["on_cuda"] and "differs in kind from a GPU profile" in text
     assert facts["coverage"]["nsys_profile"]["status"] == "partly answered"  # tiny, not 2.7b
+    # the coverage note names every gap the section shows: Nsight Systems did not run here
+    assert "Nsight Systems ran for 0 of 1 configurations" in facts["coverage"]["nsys_profile"][
+        "note"]
     assert facts["focus"] == [{"size": "tiny", "context_length": 32}]
     assert facts["forward_time"]["count"] == 2
     assert [e["kernel"] for e in facts["top"]["leaders"]] == ["aten::mm", "aten::mm"]

@@ -365,10 +365,16 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     traces = [{"size": r["size"], "context_length": r["context_length"], "mode": r["mode"],
                "trace": r["trace_path"]} for _, r in ok.iterrows() if r["trace_path"]]
     first = summary.iloc[0] if len(summary) else None
+    nsys = nsys_facts(records.get("nsys_records", []))
+    missing = [left_out(summary, options["assignment"])]
+    if nsys["configured"] and nsys["ran"] < nsys["count"]:
+        missing.append(f"Nsight Systems ran for {nsys['ran']} of {nsys['count']} "
+                       f"configurations ({'; '.join(nsys['reasons'])}), torch.profiler "
+                       "answers in its place")
     return {
         "env": env_summary(summary),
         "coverage": {"nsys_profile": covered(summary, anchor="nsys_profile",
-                                             missing=left_out(summary, options["assignment"]))},
+                                             missing="; ".join(m for m in missing if m))},
         "on_cuda": on_cuda,
         "any_ok": bool(len(ok)),
         "batch_size": first["batch_size"] if first is not None else None,
@@ -382,7 +388,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "non_matmul": non_matmul(kernels, focus),
         "matmul": matmul_share(summary, kernels, focus),
         "attention_parts": attention_parts(summary, kernels, paths),
-        "nsys": nsys_facts(records.get("nsys_records", [])),
+        "nsys": nsys,
         "traces": traces,
         "failures": not_ok(summary, CONFIG),
         "figure": outputs["figure"],
