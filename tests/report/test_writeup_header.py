@@ -32,3 +32,16 @@ def test_the_header_row_annotates_each_commit(head):
     assert rows["code commit of the measurements"] == (
         f"{head}, not-a-commit (no commit of this repository)")
     assert rows["GPU"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_each_section_names_its_devices_and_commits(head):
+    from cs336_systems.report.writeup import provenance_rows
+    facts = [{"env": {"git": [head], "gpu": ["NVIDIA H200"], "torch": ["2.11.0"]}},
+             {"env": {"git": [head, "abc-memcap"], "gpu": [], "device": ["cpu"]}},
+             {}]
+    one, two, none = provenance_rows(["flash", "memory", "empty"], facts)
+    assert one == {"section": "flash", "where": "NVIDIA H200", "torch": "2.11.0",
+                   "commits": head, "mixed": False}
+    assert two["where"] == "cpu" and two["mixed"] is True
+    assert "abc-memcap (no commit of this repository)" in two["commits"]
+    assert none["commits"] == "n/a" and none["where"] == "n/a"

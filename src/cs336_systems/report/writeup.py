@@ -57,6 +57,23 @@ def header_rows(preset: str, facts: list[dict]) -> list[tuple[str, str]]:
     return rows
 
 
+def provenance_rows(names: list[str], facts: list[dict]) -> list[dict]:
+    """Per section, where its records came from: GPUs (or the CPU), torch, and the commits
+    that measured them, each labelled as the header labels them; `mixed` where a section's
+    records come from more than one commit."""
+    rows = []
+    for name, f in zip(names, facts):
+        env = f.get("env", {})
+        commits = sorted({str(v) for v in env.get("git", [])})
+        rows.append({"section": name,
+                     "where": ", ".join(sorted({str(v) for v in env.get("gpu", [])}))
+                     or ", ".join(sorted({str(v) for v in env.get("device", [])})) or "n/a",
+                     "torch": ", ".join(sorted({str(v) for v in env.get("torch", [])})),
+                     "commits": ", ".join(commit_label(c) for c in commits) or "n/a",
+                     "mixed": len(commits) > 1})
+    return rows
+
+
 def coverage(facts: list[dict]) -> list[dict]:
     claims = {}
     for section in facts:
@@ -79,6 +96,7 @@ def render_writeup(sections: list[str], facts: list[str], template: str | Path,
         "preset": preset, "results_dir": Path(facts[0]).parent.parent.as_posix(),
         "header": header_rows(preset, all_facts),
         "coverage": coverage(all_facts),
+        "provenance": provenance_rows([Path(path).stem for path in facts], all_facts),
         "job_times": times,
         "sections": [Path(path).read_text().strip() for path in sections],
     })
