@@ -180,7 +180,8 @@ def test_editing_the_model_redoes_the_benchmarks(smoke_run):
                                           "sharded_optimizer", "fsdp", "fsdp_tables",
                                           "distributed_tables", "mixed_precision_tables",
                                           "parallelism_tables", "training", "optimizer_step",
-                                          "training_tables", "section_markdown", "writeup"}
+                                          "training_tables", "leaderboard",
+                                          "leaderboard_tables", "section_markdown", "writeup"}
 
 
 def _smoke_preset(workdir: Path) -> dict:
@@ -191,16 +192,21 @@ def _smoke_preset(workdir: Path) -> dict:
 
 def test_editing_the_triton_kernel_redoes_only_the_triton_flash_jobs(smoke_run):
     from cs336_systems.sections.flash.targets import GROUPS
+    from cs336_systems.sections.leaderboard.runs import VARIANTS as LEADERBOARD_VARIANTS
 
     config = _smoke_preset(smoke_run)["flash"]
     triton_jobs = len(config["seq_lengths"]) * len(config["d_heads"]) * len(config["dtypes"])
     with _edited(smoke_run / "src/cs336_systems/kernels/flash_triton.py"):
         # the attention section reads the flash table (its measured memory): re-rendered too;
         # every speed group times our kernels
+        # and the leaderboard's variants that run our kernel
+        board = sum(LEADERBOARD_VARIANTS[v].attention.startswith("flash-triton")
+                    for v in _smoke_preset(smoke_run)["leaderboard"]["variants"])
         assert stale_jobs(smoke_run) == {"flash": triton_jobs, "flash_leaderboard": 1,
                                          "flash_speed": len(GROUPS),
                                          "flash_tables": 1, "attention_tables": 1,
-                                         "section_markdown": 2, "writeup": 1}
+                                         "leaderboard": board, "leaderboard_tables": 1,
+                                         "section_markdown": 3, "writeup": 1}
 
 
 def test_editing_ddp_redoes_the_data_parallel_jobs_only(smoke_run):

@@ -5,6 +5,7 @@
     sharded_optimizer.py  ShardedOptimizer: each rank keeps ~1/world of the optimizer state
     fsdp.py               FSDP: Linear and Embedding weights, their gradients and optimizer
                           state sharded; weights gathered per layer, with a prefetch window
+    fully_shard.py        torch's FSDP2 applied per layer and on the root (the reference)
     training.py           one data-parallel training step: a variant's wrapper and phases
     variants.py           the names of the DDP and FSDP variants the benchmarks run
     launch.py             spawn local process groups (tests, CPU runs) or join torchrun's;

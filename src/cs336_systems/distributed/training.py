@@ -11,11 +11,11 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from cs336_systems.distributed.ddp import DDP, DDPBucketed
 from cs336_systems.distributed.fsdp import FSDP
+from cs336_systems.distributed.fully_shard import fully_shard_layers
 from cs336_systems.distributed.naive import (
     allreduce_gradients_flat,
     allreduce_gradients_individually,
@@ -61,20 +61,6 @@ def wrap_fsdp(model: nn.Module, config: dict, device: torch.device) -> nn.Module
     if variant == "bucketed":
         return DDPBucketed(model, config["bucket_size_mb"])
     return fully_shard_layers(model, model.layers, device, compute_dtype)
-
-
-def fully_shard_layers(root: nn.Module, layers: nn.ModuleList, device: torch.device,
-                       compute_dtype: torch.dtype | None = None) -> nn.Module:
-    """torch's FSDP2 as its users apply it: `fully_shard` on each of `layers`, then on `root`
-    (what is left: embeddings, final norm, head), over every rank of the default group;
-    parameters gathered in `compute_dtype` (None: their own), gradients reduced in fp32."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    return fully_shard(root, mesh=mesh, mp_policy=policy)
 
 
 def training_phases(model: torch.nn.Module, config: dict, rank: int, world_size: int,

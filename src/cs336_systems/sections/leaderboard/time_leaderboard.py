@@ -31,7 +31,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from cs336_systems.distributed.training import fully_shard_layers
+from cs336_systems.distributed.fully_shard import fully_shard_layers
 from cs336_systems.lm.build import cpu_unavailable_reason
 from cs336_systems.lm.levers import LanguageModelLoss, apply_layer_levers, plain
 from cs336_systems.lm.model import TransformerLM, train_step_flops
