@@ -103,3 +103,21 @@ def test_bad_levers_say_what_is_allowed():
         apply_layer_levers(grouped, recompute="all")
     with pytest.raises(ValueError, match="unknown attention"):
         set_attention(_model(), "fastest")
+
+
+def test_a_selective_share_keeps_the_matmuls_of_the_last_layers_only():
+    model = TransformerLM(VOCAB, CONTEXT, d_model=32, num_layers=4, num_heads=4, d_ff=48,
+                          attention="sdpa")
+    apply_layer_levers(model, recompute="elementwise", selective_share=0.5)
+    kept = ["context_fn" in layer.options for layer in model.layers]
+    assert kept == [False, False, True, True]
+    lm_loss = LanguageModelLoss(model, chunked=True)
+    ids, targets = _batch()
+    loss, grads = _loss_and_grads(lm_loss, ids, targets)
+    with plain(model, lm_loss):
+        reference_loss, reference = _loss_and_grads(lm_loss, ids, targets)
+    torch.testing.assert_close(loss, reference_loss, rtol=1e-5, atol=1e-6)
+    for name in grads:
+        torch.testing.assert_close(grads[name], reference[name], rtol=1e-4, atol=1e-6, msg=name)
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        apply_layer_levers(_model(), recompute="elementwise", selective_share=1.5)

@@ -105,3 +105,11 @@ def test_fewer_layers_is_a_proxy_and_the_full_shape_is_not(tmp_path):
 def test_no_records_render(tmp_path):
     facts, text = _facts(tmp_path, [])
     assert "No variant of the leaderboard's step was measured" in text
+
+
+def test_a_variant_of_two_changes_is_no_lever():
+    from cs336_systems.sections.leaderboard.runs import lever_of, variant_label
+    assert lever_of("ours-but-cudnn").name == "attention"
+    assert lever_of("ours-but-cudnn-half-selective") is None
+    assert lever_of("ours-but-cudnn-full-recompute") is None
+    assert "the last 50% of the layers" in variant_label("ours-but-cudnn-half-selective")

@@ -52,17 +52,28 @@ class CheckpointedLayer(nn.Module):
         return checkpoint(self.layer, x, **self.options)
 
 
-def apply_layer_levers(model: TransformerLM, recompute: str = "none",
-                       compile: bool = False) -> TransformerLM:
+def apply_layer_levers(model: TransformerLM, recompute: str = "none", compile: bool = False,
+                       selective_share: float = 1.0) -> TransformerLM:
     """Wrap each of `model.layers` in place: checkpointed as `recompute` says (`LAYER_RECOMPUTE`),
-    then compiled (`nn.Module.compile`: one graph serves every layer of the same shape)."""
+    then compiled (`nn.Module.compile`: one graph serves every layer of the same shape).
+
+    With recompute "elementwise" and `selective_share` below 1, only the last
+    round(share x layers) layers keep their matmuls' outputs and the others are checkpointed
+    whole ("all"): memory between the two, for a model whose every layer cannot keep them. The
+    last layers are the ones backward reaches first, so their saved outputs go first too."""
     if recompute not in LAYER_RECOMPUTE:
         raise ValueError(f"unknown recompute {recompute!r}; allowed: {', '.join(LAYER_RECOMPUTE)}")
+    if not 0.0 <= selective_share <= 1.0:
+        raise ValueError(f"selective_share is a share of the layers, in [0, 1]; got "
+                         f"{selective_share}")
     if model.checkpoint_block_size is not None:
         raise ValueError("the model already checkpoints groups of layers "
                          "(checkpoint_block_size); build it without")
+    first_selective = len(model.layers) - round(selective_share * len(model.layers))
     for i, layer in enumerate(model.layers):
-        if recompute != "none":
+        if recompute == "elementwise" and i < first_selective:
+            layer = CheckpointedLayer(layer, "all")
+        elif recompute != "none":
             layer = CheckpointedLayer(layer, recompute)
         if compile:
             layer.compile()
