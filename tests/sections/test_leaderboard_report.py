@@ -103,7 +103,7 @@ def test_fewer_layers_is_a_proxy_and_the_full_shape_is_not(tmp_path):
 
 
 def test_no_records_render(tmp_path):
-    facts, text = _facts(tmp_path, [])
+    _, text = _facts(tmp_path, [])
     assert "No variant of the leaderboard's step was measured" in text
 
 
