@@ -620,10 +620,10 @@ def _heads(t: Tensor) -> Tensor:
     return t.unsqueeze(1) if t.dim() == 3 else t
 
 
-def _like_heads(t: Tensor, shape=None, dtype=None) -> Tensor:
-    """An empty tensor shaped like `t` (or `shape`) in (batch, seq, heads, d) memory order, the
-    order in which (batch, heads, seq, d) -> (batch, seq, heads * d) is a view."""
-    shape = tuple(t.shape) if shape is None else tuple(shape)
+def _like_heads(t: Tensor, dtype=None) -> Tensor:
+    """An empty tensor shaped like `t` in (batch, seq, heads, d) memory order, the order in
+    which (batch, heads, seq, d) -> (batch, seq, heads * d) is a view."""
+    shape = tuple(t.shape)
     if len(shape) == 3:
         return t.new_empty(shape, dtype=dtype)
     batch, heads, seq, d = shape
@@ -711,11 +711,11 @@ def _flash_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor,
     batch, n_heads, n_queries, d = q4.shape
     n_keys = k.shape[-2]
     heads = batch * n_heads
-    grad_q, grad_k, grad_v = _backward_outputs(q, k, v)
     keys, dq = tiles or _backward_tiles(heads, n_queries, n_keys, d, q.dtype, precision)
     # with atomic adds, dQ accumulates in fp32 (in place for fp32 inputs), then is cast
-    accumulate = grad_q if q.dtype == torch.float32 or not atomic else _like_heads(
-        q, dtype=torch.float32)
+    grad_q, grad_k, grad_v = _backward_outputs(q, k, v) if q.dtype == torch.float32 \
+        or not atomic else (None, _like_heads(k), _like_heads(v))
+    accumulate = grad_q if grad_q is not None else _like_heads(q, dtype=torch.float32)
     logsumexp = logsumexp.contiguous()
     delta = torch.empty_like(logsumexp)                                # D = rowsum(dO * O)
     constants = _shape_constants(q, n_keys, keys.block_m, keys.block_n, is_causal, precision)
@@ -734,7 +734,7 @@ def _flash_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor,
             n_heads, n_queries, n_keys,
             **_shape_constants(q, n_keys, dq.block_m, dq.block_n, is_causal, precision),
             num_warps=dq.num_warps, num_stages=dq.num_stages)
-    elif accumulate is not grad_q:
+    elif grad_q is None:
         grad_q = accumulate.to(q.dtype)  # keeps the (batch, seq, heads, d) order
     return grad_q, grad_k, grad_v
 

@@ -1,6 +1,6 @@
-"""One training step of the 2026 leaderboard (assignment section 8) in one variant (`runs.VARIANTS`)
-: forward, loss, backward and AdamW, bf16 compute over fp32 weights and optimizer
-state, one sequence per GPU, timed.
+"""One training step of the 2026 leaderboard (assignment section 8) in one variant of
+`runs.VARIANTS`: forward, loss, backward and AdamW, bf16 compute over fp32 weights and
+optimizer state, one sequence per GPU, timed.
 
     python -m cs336_systems.sections.leaderboard.time_leaderboard --variant ours --shape 8b \
         --layers 17 --context-length 32768 --world-size 1 --output r.json
