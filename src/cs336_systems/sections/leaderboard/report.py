@@ -24,7 +24,6 @@ from cs336_systems.report.tables import (
 from cs336_systems.sections.leaderboard.runs import (
     LEVERS,
     VARIANTS,
-    lever_of,
     variant_label,
 )
 
@@ -88,7 +87,8 @@ def lever_rows(frame: pd.DataFrame) -> list[dict]:
         if lever.without not in by_variant.index:
             continue
         without = by_variant.loc[lever.without]
-        entry = {"lever": lever.label, "on": lever.describe(lever.ours),
+        entry = {"variant": lever.without, "lever": lever.label,
+                 "on": lever.describe(lever.ours),
                  "off": lever.describe(lever.off), "status": without["status"],
                  "oom": without["status"] == "oom"}
         if ours is not None and ours["status"] == "ok" and without["status"] == "ok":
@@ -104,15 +104,10 @@ def lever_rows(frame: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def table_of(frame: pd.DataFrame, ceiling: float | None) -> pd.DataFrame:
-    ours_ms = (frame.loc[frame["variant"] == OURS, "step_ms_median"].iloc[0]
-               if (frame["variant"] == OURS).any() else None)
-    bought = []
-    for row in frame.itertuples():
-        lever = lever_of(row.variant)
-        bought.append(row.step_ms_median - ours_ms
-                      if lever is not None and ours_ms is not None and row.status == "ok"
-                      else None)
+def table_of(frame: pd.DataFrame, ceiling: float | None, levers: list[dict]) -> pd.DataFrame:
+    """The section's table; a variant with one lever off shows what that lever saved
+    (`lever_rows`)."""
+    bought = frame["variant"].map({lever["variant"]: lever.get("saved_ms") for lever in levers})
     return pd.DataFrame({
         "variant": frame["label"], "status": frame["status"],
         "step ms (median [min–max])": [_spread(r) for r in frame.itertuples()],
@@ -120,7 +115,7 @@ def table_of(frame: pd.DataFrame, ceiling: float | None) -> pd.DataFrame:
         "% of matmul ceiling": (100 * frame["per_gpu_tflops"] / ceiling if ceiling
                                 else float("nan")),
         "peak GiB": frame["peak_gib"],
-        "ms the lever saves (< 0: costs)": pd.Series(bought, dtype="float64"),
+        "ms the lever saves (< 0: costs)": bought.astype("float64"),
         "wall s, empty caches": frame["wall_s"],
         "check": ["" if (p := check_passes(r)) is None else "passes" if p else "FAILS"
                   for _, r in frame.iterrows()]})
@@ -186,6 +181,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
                 "over_floor": number(row["step_ms_median"] / floor_ms) if floor_ms else None,
                 "model_flops": number(row["model_flops"]),
                 "is_ours": fastest == OURS}
+    levers = lever_rows(frame)
     checks = [check_passes(r) for _, r in frame[frame["status"] == "ok"].iterrows()]
     checked = [c for c in checks if c is not None]
     worst_grad = number(ok["check_grad_max_rel_diff"].max()) if len(ok) else None
@@ -197,8 +193,8 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "measured": True, "shape": shape, "ceiling_tflops": ceiling,
         "ceiling_range": [number(ok["matmul_tflops"].min()), number(ok["matmul_tflops"].max())]
         if len(ok) else None,
-        "table": to_markdown(table_of(frame, ceiling)), "table_file": outputs["table"],
-        "best": best, "against": against, "levers": lever_rows(frame),
+        "table": to_markdown(table_of(frame, ceiling, levers)), "table_file": outputs["table"],
+        "best": best, "against": against, "levers": levers,
         "check": {"count": len(checked), "passed": sum(checked), "worst_grad": worst_grad,
                   "tolerance": CHECK_TOLERANCE[shape["precision"]]},
         "wall": {"max_s": number(walls.max()) if len(walls) else None,

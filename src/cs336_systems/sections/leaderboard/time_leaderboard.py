@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from cs336_systems.distributed.fully_shard import fully_shard_layers
+from cs336_systems.distributed.launch import backend_for
 from cs336_systems.lm.build import cpu_unavailable_reason
 from cs336_systems.lm.levers import LanguageModelLoss, apply_layer_levers, plain
 from cs336_systems.lm.model import TransformerLM, train_step_flops
@@ -121,8 +122,9 @@ def check_io(model: TransformerLM, lm_loss: LanguageModelLoss, config: dict,
             "check_grad_max_rel_diff": worst, "check_grad_worst": worst_name}
 
 
-def skip_reason(run: LeaderboardVariant, config: dict, device: str) -> str | None:
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+def skip_reason(run: LeaderboardVariant, config: dict) -> str | None:
+    """Why this machine cannot run the variant (gloo: the CPU), or None if it can."""
+    if config["backend"] == "gloo":
         return cpu_unavailable_reason(run.attention, run.optimizer, run.compile,
                                       config["precision"])
     return None
@@ -187,11 +189,10 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"{option} {value} exceeds shape {args.shape!r}'s "
                          f"{spec.max_context_length} tokens")
     config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
-    config["backend"] = "nccl" if args.device.startswith("cuda") or (
-        args.device == "auto" and torch.cuda.is_available()) else "gloo"
+    config["backend"] = backend_for(args.device)
     caches = _empty_caches() if args.cold_caches and "LOCAL_RANK" not in os.environ else None
     try:
-        if reason := skip_reason(VARIANTS[args.variant], config, args.device):
+        if reason := skip_reason(VARIANTS[args.variant], config):
             run_and_record("leaderboard", config, args.output, _skip(reason), args.device)
         elif args.world_size == 1:
             run_and_record("leaderboard", config, args.output,
