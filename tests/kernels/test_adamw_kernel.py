@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import DEVICE
 
-from cs336_systems.kernels.adamw import CHUNK, FusedAdamW
+from cs336_systems.kernels.adamw import BLOCK, CHUNK, FusedAdamW, Plan
 from cs336_systems.lm.optimizer import (
     OPTIMIZERS,
     AdamW,
@@ -15,8 +15,9 @@ from cs336_systems.lm.optimizer import (
     optimizer_modules,
 )
 
-# odd sizes, a tensor of more than one chunk, a 1-element and a 2-D one
-SHAPES = [(7,), (CHUNK + 1001,), (1,), (33, 65)]
+# odd sizes, a tensor of more than one chunk, one of whole blocks and a tail, a 1-element and
+# a 2-D one
+SHAPES = [(7,), (CHUNK + 1001,), (2 * BLOCK + 5,), (1,), (33, 65)]
 STEPS = 5
 # fp32 rounding over a few steps (fused multiply-adds where the reference rounds twice)
 FP32 = dict(rtol=1e-5, atol=1e-6)
@@ -109,6 +110,12 @@ def test_what_the_kernel_refuses_it_says():
         FusedAdamW([strided]).step()
     with pytest.raises(ValueError, match="betas"):
         FusedAdamW(_params([(2,)]), betas=(0.9, 1.0))
+    params = _params([(8,)])
+    plan = Plan(params, [torch.zeros_like(p) for p in params],
+                [torch.zeros_like(p) for p in params], chunk=1024)
+    with pytest.raises(ValueError, match="must divide the chunk"):
+        plan.step([torch.randn_like(p) for p in params], step=1, lr=1e-3, beta1=0.9,
+                  beta2=0.999, eps=1e-8, weight_decay=0.0, block=768)
 
 
 def test_the_registry_builds_each_optimizer_and_names_its_kernel():

@@ -42,6 +42,7 @@ def _loss_and_grads(lm_loss, ids, targets):
     ("all", True, "eager"),
     ("elementwise", False, "flash-triton"),   # Triton's interpreter on a CPU, fp32
     ("none", True, "flash-triton"),
+    ("all-but-attention", True, "flash-triton"),
 ])
 def test_levers_keep_the_loss_and_gradients(recompute, chunked, attention):
     model = _model(attention)
@@ -100,7 +101,7 @@ def test_plain_switches_every_lever_off_and_back_on():
 
 
 def test_bad_levers_say_what_is_allowed():
-    with pytest.raises(ValueError, match="allowed: none, all, elementwise"):
+    with pytest.raises(ValueError, match="allowed: none, all, elementwise, all-but-attention"):
         apply_layer_levers(_model(), recompute="some")
     grouped = TransformerLM(VOCAB, CONTEXT, 32, 2, 4, 48, checkpoint_block_size=1)
     with pytest.raises(ValueError, match="checkpoint_block_size"):
@@ -118,3 +119,15 @@ def test_a_selective_share_keeps_the_matmuls_of_the_last_layers_only():
     _assert_same_as_plain(model, LanguageModelLoss(model, chunked=True))
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         apply_layer_levers(_model(), recompute="elementwise", selective_share=1.5)
+
+
+def test_the_layers_outside_the_selective_share_recompute_as_others_says():
+    model = TransformerLM(VOCAB, CONTEXT, d_model=32, num_layers=4, num_heads=4, d_ff=48,
+                          attention="sdpa")
+    apply_layer_levers(model, recompute="elementwise", selective_share=0.25,
+                       others="all-but-attention")
+    policies = [layer.options["context_fn"].args[0].__name__ for layer in model.layers]
+    assert policies == ["_save_attention"] * 3 + ["_save_matmuls"], policies
+    _assert_same_as_plain(model, LanguageModelLoss(model, chunked=True))
+    with pytest.raises(ValueError, match="unknown others 'some'"):
+        apply_layer_levers(_model(), recompute="elementwise", others="some")

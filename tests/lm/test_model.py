@@ -192,6 +192,28 @@ def test_selective_checkpointing_keeps_the_matmuls_and_recomputes_the_rest(atten
     assert sum(selective[2].values()) > sum(kept[2].values())  # the elementwise work, redone
 
 
+def test_all_but_attention_recomputes_the_matmuls_and_keeps_attention():
+    """recompute="all-but-attention": the same gradients; its backward redoes the matmuls (as
+    full checkpointing does) but not SDPA's attention kernel, whose outputs it kept."""
+    token_ids = torch.randint(0, VOCAB_SIZE, (2, 16))
+    targets = torch.randint(0, VOCAB_SIZE, (2, 16))
+    kept = _backward_ops(None, "all", "sdpa", token_ids, targets)
+    full = _backward_ops(1, "all", "sdpa", token_ids, targets)
+    attention_kept = _backward_ops(1, "all-but-attention", "sdpa", token_ids, targets)
+    for g, ref in zip(attention_kept[1], kept[1]):
+        torch.testing.assert_close(g, ref, rtol=1e-12, atol=1e-12)
+
+    def attention_calls(ops):
+        return sum(n for op, n in ops.items() if op.startswith("_scaled_dot_product"))
+
+    def matmuls(ops):
+        return sum(ops[op] for op in ("mm", "bmm", "addmm"))
+
+    assert attention_calls(full[2]) > attention_calls(kept[2])   # the count can tell them apart
+    assert attention_calls(attention_kept[2]) == attention_calls(kept[2])
+    assert matmuls(attention_kept[2]) == matmuls(full[2]) > matmuls(kept[2])
+
+
 def test_unknown_recompute_names_the_allowed_ones():
-    with pytest.raises(ValueError, match="allowed: all, elementwise"):
+    with pytest.raises(ValueError, match="allowed: all, elementwise, all-but-attention"):
         build_model("tiny", context_length=16, checkpoint_block_size=1, recompute="some")

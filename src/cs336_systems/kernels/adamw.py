@@ -43,37 +43,52 @@ ALIGN = 16      # bytes: every tensor's start, so that offsets are multiples of 
 
 
 @triton.jit
+def _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, idx, end,
+                 decay, beta2, one_minus_beta1, one_minus_beta2, step_size, bias2_sqrt, eps,
+                 MASKED: tl.constexpr):
+    """Elements `idx` of one tensor, in place; masked at `end` only in a chunk's last block,
+    so that every other block's loads and stores stay 16 bytes wide."""
+    mask = idx < end if MASKED else None
+    p = tl.load(p_ptr + idx, mask=mask).to(tl.float32)
+    g = tl.load(g_ptr + idx, mask=mask).to(tl.float32)
+    m = tl.load(m_ptr + idx, mask=mask).to(tl.float32)
+    v = tl.load(v_ptr + idx, mask=mask).to(tl.float32)
+    p = p * decay                                             # line 1
+    m = m + one_minus_beta1 * (g - m)                         # line 2
+    v = beta2 * v + one_minus_beta2 * g * g                   # line 3
+    # line 4, with IEEE sqrt and division (Triton's defaults are approximate)
+    p = p - tl.div_rn(step_size * m, tl.div_rn(tl.sqrt_rn(v), bias2_sqrt) + eps)
+    tl.store(p_ptr + idx, p.to(p_ptr.dtype.element_ty), mask=mask)
+    tl.store(m_ptr + idx, m.to(m_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_ptr + idx, v.to(v_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _adamw_chunk(p_base, g_base, m_base, v_base,             # the first tensor of each kind
                  p_off, g_off, m_off, v_off,                 # [tensors] offsets from the bases
                  numels, chunk_tensor, chunk_start,          # [tensors] sizes; [chunks] table
                  decay, beta2, one_minus_beta1, one_minus_beta2, step_size, bias2_sqrt, eps,
                  CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    """One chunk of one tensor: `decay` = 1 - lr * weight_decay, `step_size` = lr / (1 -
-    beta1^t), `bias2_sqrt` = sqrt(1 - beta2^t), and 1 - beta computed on the host in double
-    precision (in fp32 from fp32's 0.999, 1 - beta2 is off by 1.3e-5 of itself)."""
+    """One chunk of one tensor (program = chunk): `decay` = 1 - lr * weight_decay, `step_size`
+    = lr / (1 - beta1^t), `bias2_sqrt` = sqrt(1 - beta2^t), and 1 - beta computed on the host
+    in double precision (in fp32 from fp32's 0.999, 1 - beta2 is off by 1.3e-5 of itself)."""
     chunk = tl.program_id(0)
     tensor = tl.load(chunk_tensor + chunk)
     start = tl.multiple_of(tl.load(chunk_start + chunk), CHUNK)
     end = tl.minimum(start + CHUNK, tl.load(numels + tensor))
+    full_end = start + (end - start) // BLOCK * BLOCK         # CHUNK is a multiple of BLOCK
     p_ptr = p_base + tl.multiple_of(tl.load(p_off + tensor), 4)
     g_ptr = g_base + tl.multiple_of(tl.load(g_off + tensor), 4)
     m_ptr = m_base + tl.multiple_of(tl.load(m_off + tensor), 4)
     v_ptr = v_base + tl.multiple_of(tl.load(v_off + tensor), 4)
-    for first in range(start, end, BLOCK):
-        idx = first + tl.arange(0, BLOCK)
-        mask = idx < end
-        p = tl.load(p_ptr + idx, mask=mask).to(tl.float32)
-        g = tl.load(g_ptr + idx, mask=mask).to(tl.float32)
-        m = tl.load(m_ptr + idx, mask=mask).to(tl.float32)
-        v = tl.load(v_ptr + idx, mask=mask).to(tl.float32)
-        p = p * decay                                             # line 1
-        m = m + one_minus_beta1 * (g - m)                         # line 2
-        v = beta2 * v + one_minus_beta2 * g * g                   # line 3
-        # line 4, with IEEE sqrt and division (Triton's defaults are approximate)
-        p = p - tl.div_rn(step_size * m, tl.div_rn(tl.sqrt_rn(v), bias2_sqrt) + eps)
-        tl.store(p_ptr + idx, p.to(p_ptr.dtype.element_ty), mask=mask)
-        tl.store(m_ptr + idx, m.to(m_ptr.dtype.element_ty), mask=mask)
-        tl.store(v_ptr + idx, v.to(v_ptr.dtype.element_ty), mask=mask)
+    for first in range(start, full_end, BLOCK):
+        _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, first + tl.arange(0, BLOCK), end, decay,
+                     beta2, one_minus_beta1, one_minus_beta2, step_size, bias2_sqrt, eps,
+                     MASKED=False)
+    if full_end < end:  # the tensor's last chunk, when its size is no multiple of BLOCK
+        _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, full_end + tl.arange(0, BLOCK), end, decay,
+                     beta2, one_minus_beta1, one_minus_beta2, step_size, bias2_sqrt, eps,
+                     MASKED=True)
 
 
 def check_fusable(*tensors: torch.Tensor) -> None:
@@ -134,6 +149,9 @@ class Plan:
              beta2: float, eps: float, weight_decay: float, block: int = BLOCK,
              num_warps: int = WARPS) -> None:
         """One AdamW step of the plan's tensors with `grads` (one dtype), in place, one launch."""
+        if self.chunk % block:
+            raise ValueError(f"the block ({block} elements) must divide the chunk "
+                             f"({self.chunk})")
         for g, p in zip(grads, self.params):
             if not g.is_contiguous() or g.data_ptr() % ALIGN or g.device != p.device:
                 check_fusable(g, p)

@@ -53,16 +53,18 @@ class CheckpointedLayer(nn.Module):
 
 
 def apply_layer_levers(model: TransformerLM, recompute: str = "none", compile: bool = False,
-                       selective_share: float = 1.0) -> TransformerLM:
+                       selective_share: float = 1.0, others: str = "all") -> TransformerLM:
     """Wrap each of `model.layers` in place: checkpointed as `recompute` says (`LAYER_RECOMPUTE`),
     then compiled (`nn.Module.compile`: one graph serves every layer of the same shape).
 
     With recompute "elementwise" and `selective_share` below 1, only the last
-    round(share x layers) layers keep their matmuls' outputs and the others are checkpointed
-    whole ("all"): memory between the two, for a model whose every layer cannot keep them. The
-    last layers are the ones backward reaches first, so their saved outputs go first too."""
-    if recompute not in LAYER_RECOMPUTE:
-        raise ValueError(f"unknown recompute {recompute!r}; allowed: {', '.join(LAYER_RECOMPUTE)}")
+    round(share x layers) layers keep their matmuls' outputs and the others recompute as
+    `others` says ("all", or "all-but-attention"): memory between the two, for a model whose
+    every layer cannot keep them. The last layers are the ones backward reaches first, so their
+    saved outputs go first too."""
+    for name, value in (("recompute", recompute), ("others", others)):
+        if value not in LAYER_RECOMPUTE:
+            raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(LAYER_RECOMPUTE)}")
     if not 0.0 <= selective_share <= 1.0:
         raise ValueError(f"selective_share is a share of the layers, in [0, 1]; got "
                          f"{selective_share}")
@@ -71,10 +73,9 @@ def apply_layer_levers(model: TransformerLM, recompute: str = "none", compile: b
                          "(checkpoint_block_size); build it without")
     first_selective = len(model.layers) - round(selective_share * len(model.layers))
     for i, layer in enumerate(model.layers):
-        if recompute == "elementwise" and i < first_selective:
-            layer = CheckpointedLayer(layer, "all")
-        elif recompute != "none":
-            layer = CheckpointedLayer(layer, recompute)
+        mode = others if recompute == "elementwise" and i < first_selective else recompute
+        if mode != "none":
+            layer = CheckpointedLayer(layer, mode)
         if compile:
             layer.compile()
         model.layers[i] = layer

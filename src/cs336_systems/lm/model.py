@@ -151,22 +151,39 @@ def run_blocks(blocks: nn.ModuleList, x: Tensor) -> Tensor:
 
 
 # What a checkpointed group recomputes in backward: "all" keeps only the group's input;
-# "elementwise" also keeps the outputs of its matmuls and attention (`SAVED_OPS`) and recomputes
-# the cheap work between them (norms, RoPE, SwiGLU's gate, residual adds, casts).
-RECOMPUTE = ("all", "elementwise")
-SAVED_OPS = frozenset(op for op in (
-    torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
+# "elementwise" also keeps the outputs of its matmuls and attention and recomputes the cheap
+# work between them (norms, RoPE, SwiGLU's gate, residual adds, casts); "all-but-attention"
+# keeps attention's outputs alone (a few bytes a token beside the matmuls' outputs) and
+# recomputes the matmuls too, which at long context cost less than attention to redo.
+RECOMPUTE = ("all", "elementwise", "all-but-attention")
+MATMUL_OPS = frozenset((torch.ops.aten.mm.default, torch.ops.aten.bmm.default,
+                        torch.ops.aten.addmm.default))
+ATTENTION_OPS = frozenset((
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
     torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
 ))
 
 
+def _is_attention(op) -> bool:
+    """SDPA's fused kernels and our FlashAttention operator (`cs336.flash_attn_fwd`)."""
+    return op in ATTENTION_OPS or str(op).startswith("cs336.flash_attn_fwd")
+
+
 def _save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    """The selective policy: keep the outputs of SAVED_OPS and of our FlashAttention operator."""
-    if op in SAVED_OPS or str(op).startswith("cs336.flash_attn_fwd"):
+    """recompute="elementwise": keep the matmuls' and attention's outputs."""
+    if op in MATMUL_OPS or _is_attention(op):
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _save_attention(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """recompute="all-but-attention": keep attention's outputs (and its logsumexp) only."""
+    return CheckpointPolicy.MUST_SAVE if _is_attention(op) else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_POLICIES = {"elementwise": _save_matmuls, "all-but-attention": _save_attention}
 
 
 def checkpoint_options(recompute: str) -> dict:
@@ -175,8 +192,8 @@ def checkpoint_options(recompute: str) -> dict:
         raise ValueError(f"unknown recompute {recompute!r}; allowed: {', '.join(RECOMPUTE)}")
     if recompute == "all":
         return {"use_reentrant": False}
-    return {"use_reentrant": False,
-            "context_fn": functools.partial(create_selective_checkpoint_contexts, _save_matmuls)}
+    return {"use_reentrant": False, "context_fn": functools.partial(
+        create_selective_checkpoint_contexts, _POLICIES[recompute])}
 
 
 class TransformerLM(nn.Module):

@@ -71,7 +71,7 @@ def build(run: LeaderboardVariant, config: dict, device: torch.device, world_siz
     model = TransformerLM(spec.vocab_size, config["context_length"], spec.d_model,
                           config["layers"] or spec.num_layers, spec.num_heads, spec.d_ff,
                           attention=run.attention, device=device)
-    apply_layer_levers(model, run.recompute, run.compile, run.selective_share)
+    apply_layer_levers(model, run.recompute, run.compile, run.selective_share, run.others)
     lm_loss = LanguageModelLoss(model, chunked=run.chunked_loss)
     if world_size > 1:
         dtype = PRECISIONS[config["precision"]]
