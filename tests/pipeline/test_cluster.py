@@ -77,6 +77,7 @@ def test_the_slurm_profile_asks_each_job_for_what_its_rule_needs(workdir, preset
     jobs = planned_jobs(out)
     config = _preset(workdir, preset)
     distributed = config["distributed"]
+    board_world = {m["name"]: m["world_size"] for m in config["leaderboard"]["matrices"]}
     on_gpus = config["device"] != "cpu"  # a preset on the CPU asks for no GPU but nccl's
     want_gpus = {  # GPUs each measuring rule takes on this preset
         "benchmark": lambda w: 1 if on_gpus else 0,
@@ -84,7 +85,7 @@ def test_the_slurm_profile_asks_each_job_for_what_its_rule_needs(workdir, preset
         "ddp": lambda w: distributed["ddp"]["world_size"] if on_gpus else 0,
         "sharded_optimizer": lambda w: (distributed["sharded_optimizer"]["world_size"]
                                         if on_gpus else 0),
-        "leaderboard": lambda w: config["leaderboard"]["world_size"] if on_gpus else 0,
+        "leaderboard": lambda w: board_world[w["matrix"]] if on_gpus else 0,
     }
     seen = set()
     for job in jobs:
@@ -103,7 +104,7 @@ def test_the_slurm_profile_asks_each_job_for_what_its_rule_needs(workdir, preset
             ranks = job["wildcards"].get("world_size") or distributed[rule]["world_size"]
             assert job["threads"] == ranks, job
         if rule == "leaderboard":
-            assert job["threads"] == config["leaderboard"]["world_size"], job
+            assert job["threads"] == board_world[job["wildcards"]["matrix"]], job
         if gpus:  # a rule that takes GPUs states its resources with measuring_job()
             assert resources["runtime"] == 60, job
             assert resources["mem_mb"] == 32000 * job["threads"], job
@@ -133,9 +134,11 @@ def test_the_leaderboard_plans_for_two_gpus(workdir):
     out = snakemake(workdir, "results/assignment/sections/leaderboard.md", "--dry-run",
                     "--forceall", "--cores", "2", "--config", "preset=assignment").stdout
     board = _preset(workdir, "assignment")["leaderboard"]
+    (matrix,) = board["matrices"]
     jobs = [job for job in planned_jobs(out) if job["rule"] == "leaderboard"]
-    assert sorted(job["wildcards"]["variant"] for job in jobs) == sorted(board["variants"])
-    assert board["world_size"] == 2 and board["layers"] is None and board["shape"] == "8b"
+    assert sorted(job["wildcards"]["variant"] for job in jobs) == sorted(matrix["variants"])
+    assert {job["wildcards"]["matrix"] for job in jobs} == {matrix["name"]}
+    assert matrix["world_size"] == 2 and matrix["layers"] is None and board["shape"] == "8b"
     for job in jobs:
         assert job["resources"]["gpu"] == 2 and job["threads"] == 2, job
         assert job["resources"]["mem_mb"] == 2 * 32000, job

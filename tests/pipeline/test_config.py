@@ -107,3 +107,9 @@ def test_the_fsdp_benchmark_is_cross_checked_like_ddp(config):
     assert "presets.smoke.fsdp.batch_size': 3 does not split evenly over world_size 2" in message
     assert ("presets.smoke.fsdp': context length 4096 is longer than size 'tiny' supports"
             in message)
+
+
+def test_two_leaderboard_matrices_of_one_name_are_refused(config):
+    matrices = config["presets"]["quick"]["leaderboard"]["matrices"]
+    matrices[1]["name"] = matrices[0]["name"]
+    assert "quick.leaderboard.matrices': two matrices share a name (full, full)" in _error(config)

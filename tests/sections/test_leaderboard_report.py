@@ -1,6 +1,7 @@
 """The leaderboard section's facts and prose on synthetic records: other numbers must give other
 words (faster or slower than the stock parts, a lever that saves or costs, a check that fails,
-a wall time over the limit), and a preset with fewer layers says it measured a proxy."""
+a wall time over the limit), a matrix with fewer layers says it measured a proxy, and each
+matrix of a preset has facts of its own."""
 
 import pytest
 
@@ -13,11 +14,14 @@ ENV = {"device": "cuda", "gpu": "NVIDIA H200", "torch": "2.11", "triton": "3.6",
 CONFIG = {"shape": "8b", "layers": 17, "context_length": 32768, "world_size": 1,
           "precision": "bf16", "check_tokens": 4096, "warmup_steps": 2, "measure_steps": 5,
           "cold_caches": True, "seed": 0}
-ASSIGNMENT = {"shape": "8b", "layers": None, "context_length": 32768, "world_size": 2}
+FULL = {**CONFIG, "layers": None, "world_size": 2}
+ASSIGNMENT = {"shape": "8b", "context_length": 32768,
+              "matrices": [{"name": "full", "layers": None, "world_size": 2,
+                            "variants": ["stock", "ours"]}]}
 
 
 def _record(tmp_path, variant, ms, peak=100.0, status="ok", grad_diff=0.01, wall=40.0,
-            config=CONFIG, spread=5.0):
+            config=CONFIG, spread=5.0, matrix="proxy"):
     metrics = {} if status != "ok" else {
         **{f"step_ms_{s}": v for s, v in (("mean", ms), ("std", spread), ("median", ms),
                                           ("min", ms - spread), ("max", ms + spread))},
@@ -26,7 +30,8 @@ def _record(tmp_path, variant, ms, peak=100.0, status="ok", grad_diff=0.01, wall
         "wall_s": wall, "check_tokens": 4096, "check_loss": 11.93,
         "check_loss_reference": 11.93, "check_loss_abs_diff": 1e-4,
         "check_grad_max_rel_diff": grad_diff, "check_grad_worst": "w1", "parameters": 4.7e9}
-    path = tmp_path / f"{variant}.json"
+    (tmp_path / matrix).mkdir(exist_ok=True)
+    path = tmp_path / matrix / f"{variant}.json"
     write_json_atomic(path, make_record("leaderboard", {**config, "variant": variant}, status,
                                         metrics, ENV,
                                         "CUDA out of memory" if status == "oom" else None))
@@ -40,6 +45,13 @@ def _facts(tmp_path, paths):
     return facts, text
 
 
+def _one(tmp_path, paths):
+    """The facts of the one matrix of `paths`, the section's coverage beside them, the text."""
+    facts, text = _facts(tmp_path, paths)
+    (matrix,) = facts["matrices"]
+    return {**matrix, "coverage": facts["coverage"]}, text
+
+
 def _matrix(tmp_path, ours=2700.0, stock=3000.0, cudnn=2500.0, eager=3600.0,
             full_recompute=3000.0, **kw):
     return [_record(tmp_path, "stock", stock, peak=137.0),
@@ -51,24 +63,25 @@ def _matrix(tmp_path, ours=2700.0, stock=3000.0, cudnn=2500.0, eager=3600.0,
 
 
 def test_the_fastest_variant_against_the_stock_parts(tmp_path):
-    facts, text = _facts(tmp_path, _matrix(tmp_path))
+    facts, text = _one(tmp_path, _matrix(tmp_path))
     assert facts["best"]["variant"] == "ours-but-cudnn"
     assert facts["against"]["ratio"] == pytest.approx(2500 / 3000)
     assert "1.20x faster than the stock parts" in text
-    assert "misses the target of 0.75x" in text and "with a lower peak" in text
+    assert "misses the proxy's target of 0.75x" in text and "with a lower peak" in text
+    assert "class's best entry" not in text  # a proxy is no entry
     assert "With every lever of ours on" in text and "0.90x the stock parts'" in text
 
 
 def test_a_target_met_and_a_slower_step_read_differently(tmp_path):
     _, met = _facts(tmp_path, _matrix(tmp_path, cudnn=2100.0))
-    assert "meets the target" in met
+    assert "meets the proxy's target" in met
     _, slower = _facts(tmp_path, _matrix(tmp_path, ours=3300.0, cudnn=3400.0, eager=3500.0,
                                           full_recompute=3600.0))
     assert "slower than the stock parts" in slower
 
 
 def test_each_lever_saves_costs_or_bought_the_fit(tmp_path):
-    facts, text = _facts(tmp_path, _matrix(tmp_path))
+    facts, text = _one(tmp_path, _matrix(tmp_path))
     levers = {lever["lever"]: lever for lever in facts["levers"]}
     assert levers["attention kernel"]["saved_ms"] == pytest.approx(-200)
     assert "costs 200 ms a step" in text
@@ -85,21 +98,44 @@ def test_a_tie_inside_the_spread_is_called_one(tmp_path):
 
 
 def test_a_failed_check_and_a_slow_cold_start_are_said(tmp_path):
-    facts, text = _facts(tmp_path, _matrix(tmp_path, grad_diff=0.2, wall=700.0))
+    facts, text = _one(tmp_path, _matrix(tmp_path, grad_diff=0.2, wall=700.0))
     assert facts["check"]["passed"] == facts["check"]["count"] - 1
     assert "FAILS" in facts["table"]
     assert "over the 600 s limit" in text
 
 
 def test_fewer_layers_is_a_proxy_and_the_full_shape_is_not(tmp_path):
-    facts, text = _facts(tmp_path, _matrix(tmp_path))
+    facts, text = _one(tmp_path, _matrix(tmp_path))
     assert facts["shape"]["proxy"] and "A proxy, not the leaderboard's run" in text
     assert facts["coverage"]["leaderboard (2026)"]["status"] == "partly answered"
-    full = {**CONFIG, "layers": None, "world_size": 2}
-    facts, text = _facts(tmp_path, [_record(tmp_path, "stock", 6000.0, config=full),
-                                    _record(tmp_path, "ours", 4400.0, config=full)])
+    facts, text = _one(tmp_path, [
+        _record(tmp_path, "stock", 6000.0, config=FULL, matrix="full"),
+        _record(tmp_path, "ours", 4400.0, config=FULL, matrix="full")])
     assert not facts["shape"]["proxy"] and "A proxy" not in text
     assert facts["coverage"]["leaderboard (2026)"]["status"] == "answered"
+    assert facts["best"]["class_best"]["ratio"] == pytest.approx(4400 / 3837)
+    assert "proxy's target" not in text and "1.15x that time" in text
+
+
+def test_each_matrix_has_its_own_facts_and_table(tmp_path):
+    full = [_record(tmp_path, "stock", 6600.0, peak=132.0, config=FULL, matrix="full"),
+            _record(tmp_path, "ours", 5200.0, peak=130.0, config=FULL, matrix="full")]
+    facts, text = _facts(tmp_path, full + _matrix(tmp_path))
+    assert [m["name"] for m in facts["matrices"]] == ["full", "proxy"]
+    real, proxy = facts["matrices"]
+    assert real["best"]["ms"] == 5200.0 and proxy["best"]["variant"] == "ours-but-cudnn"
+    assert real["against"]["ratio"] == pytest.approx(5200 / 6600)
+    assert text.index("All 34 layers on 2 GPUs") < text.index("The one-GPU proxy: 17 of 34")
+    assert facts["coverage"]["leaderboard (2026)"]["status"] == "answered"
+
+
+def test_a_full_matrix_skipped_on_one_gpu_leaves_the_proxy_partly_answering(tmp_path):
+    skipped = [_record(tmp_path, v, 0, status="skipped", config=FULL, matrix="full")
+               for v in ("stock", "ours")]
+    facts, text = _facts(tmp_path, skipped + _matrix(tmp_path))
+    coverage = facts["coverage"]["leaderboard (2026)"]
+    assert coverage["status"] == "partly answered" and "one-GPU proxy" in coverage["note"]
+    assert "Not measured: stock parts, skipped" in text
 
 
 def test_no_records_render(tmp_path):

@@ -1,14 +1,20 @@
 # leaderboard (8, 2026): one job per variant of the training step (sections/leaderboard/runs.py:
-# the stock parts, ours with every lever, ours with each lever off), all at one shape in one job
-# matrix; a job of world_size GPUs launches itself under torchrun. Then the section's tables
-# and facts.
+# the stock parts, ours with every lever, ours with each lever off) in each of the preset's job
+# matrices (all layers on the leaderboard's GPUs, or a one-GPU proxy); a job of world_size GPUs
+# launches itself under torchrun. Then the section's tables and facts.
 
 from cs336_systems.sections.leaderboard.runs import VARIANTS as LEADERBOARD_VARIANTS
 
 BOARD = P["leaderboard"]
-BOARD_RECORD = f"{RESULTS}/leaderboard/{{variant}}.json"
+BOARD_MATRICES = {matrix["name"]: matrix for matrix in BOARD["matrices"]}
+BOARD_RECORD = f"{RESULTS}/leaderboard/{{matrix}}/{{variant}}.json"
+BOARD_RECORDS = [BOARD_RECORD.format(matrix=matrix["name"], variant=variant)
+                 for matrix in BOARD["matrices"] for variant in matrix["variants"]]
 BOARD_CATEGORY = "8 Leaderboard (2026)"
-BOARD_GPUS = 0 if DEVICE == "cpu" else BOARD["world_size"]
+
+
+def board_world(wildcards):
+    return BOARD_MATRICES[wildcards.matrix]["world_size"]
 
 
 rule leaderboard:
@@ -20,19 +26,21 @@ rule leaderboard:
     log:
         log_for(BOARD_RECORD),
     wildcard_constraints:
+        matrix=one_of(BOARD_MATRICES),
         variant=one_of(LEADERBOARD_VARIANTS),
     params:
         job="experiment",
         cli="cs336_systems.sections.leaderboard.time_leaderboard",
         args=lambda wildcards: {
             "variant": wildcards.variant,
-            **{key: BOARD[key] for key in ("shape", "layers", "context_length", "world_size",
-                                           "precision", "check_tokens", "warmup_steps",
-                                           "measure_steps", "cold_caches")},
+            **{key: BOARD_MATRICES[wildcards.matrix][key] for key in ("layers", "world_size")},
+            **{key: BOARD[key] for key in ("shape", "context_length", "precision",
+                                           "check_tokens", "warmup_steps", "measure_steps",
+                                           "cold_caches")},
             "device": DEVICE},
-    threads: BOARD["world_size"]
+    threads: board_world
     resources:
-        **measuring_job(BOARD_GPUS),
+        **measuring_job(lambda wildcards: 0 if DEVICE == "cpu" else board_world(wildcards)),
     conda:
         SOFTWARE
     script:
@@ -41,7 +49,7 @@ rule leaderboard:
 
 rule leaderboard_tables:
     input:
-        records=expand(BOARD_RECORD, variant=BOARD["variants"]),
+        records=BOARD_RECORDS,
         code=sources("cs336_systems.sections.leaderboard.report"),
     output:
         facts=facts("leaderboard"),

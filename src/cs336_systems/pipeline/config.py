@@ -139,6 +139,10 @@ def _cross_checks(config: dict[str, Any]) -> list[str]:
                 problems.append(
                     f"config key 'presets.{name}.{part}.batch_size': "
                     f"{c['batch_size']} does not split evenly over world_size {c['world_size']}")
+        names = [m["name"] for m in preset_config["leaderboard"]["matrices"]]
+        if len(set(names)) < len(names):
+            problems.append(f"config key 'presets.{name}.leaderboard.matrices': two matrices "
+                            f"share a name ({', '.join(names)}); each names its records' folder")
         layernorm = preset_config["mixed_precision"]["layernorm"]
         if layernorm["std_min"] > layernorm["std_max"]:
             problems.append(
