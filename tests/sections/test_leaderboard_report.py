@@ -125,8 +125,19 @@ def test_each_matrix_has_its_own_facts_and_table(tmp_path):
     real, proxy = facts["matrices"]
     assert real["best"]["ms"] == 5200.0 and proxy["best"]["variant"] == "ours-but-cudnn"
     assert real["against"]["ratio"] == pytest.approx(5200 / 6600)
+    assert not real["every_lever_oom"] and "Every lever at once does not fit" not in text
     assert text.index("All 34 layers on 2 GPUs") < text.index("The one-GPU proxy: 17 of 34")
     assert facts["coverage"]["leaderboard (2026)"]["status"] == "answered"
+
+
+def test_a_matrix_where_every_lever_does_not_fit_says_so_and_compares_no_lever(tmp_path):
+    full = [_record(tmp_path, "stock", 6600.0, config=FULL, matrix="full"),
+            _record(tmp_path, "ours", 0, status="oom", config=FULL, matrix="full"),
+            _record(tmp_path, "ours-but-full-recompute", 5900.0, config=FULL, matrix="full")]
+    facts, text = _one(tmp_path, full)
+    assert facts["every_lever_oom"] and facts["levers"] == []
+    assert "Every lever at once does not fit" in text and "What each lever bought" not in text
+    assert facts["best"]["variant"] == "ours-but-full-recompute"
 
 
 def test_a_full_matrix_skipped_on_one_gpu_leaves_the_proxy_partly_answering(tmp_path):

@@ -95,7 +95,7 @@ def lever_rows(frame: pd.DataFrame) -> list[dict]:
         entry = {"variant": lever.without, "lever": lever.label,
                  "on": lever.describe(lever.ours),
                  "off": lever.describe(lever.off), "status": without["status"],
-                 "oom": without["status"] == "oom"}
+                 "oom": without["status"] == "oom", "speedup": None}
         if ours is not None and ours["status"] == "ok" and without["status"] == "ok":
             saved = without["step_ms_median"] - ours["step_ms_median"]
             peak = without["peak_gib"] - ours["peak_gib"]
@@ -185,7 +185,10 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
                 "class_best": None if shape["proxy"] else {
                     "ms": CLASS_BEST_MS,
                     "ratio": number(row["step_ms_median"] / CLASS_BEST_MS)}}
-    levers = lever_rows(frame)
+    # what a lever bought needs ours with every lever on: where that ran out of memory, the
+    # matrix says so instead
+    every_lever_oom = bool((frame.loc[frame["variant"] == OURS, "status"] == "oom").any())
+    levers = lever_rows(frame) if OURS in ok.index else []
     checks = [check_passes(r) for _, r in frame[frame["status"] == "ok"].iterrows()]
     checked = [c for c in checks if c is not None]
     worst_grad = number(ok["check_grad_max_rel_diff"].max()) if len(ok) else None
@@ -195,7 +198,7 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
         "ceiling_range": [number(ok["matmul_tflops"].min()), number(ok["matmul_tflops"].max())]
         if len(ok) else None,
         "table": to_markdown(table_of(frame, ceiling, levers)),
-        "best": best, "against": against, "levers": levers,
+        "best": best, "against": against, "levers": levers, "every_lever_oom": every_lever_oom,
         "check": {"count": len(checked), "passed": sum(checked), "worst_grad": worst_grad,
                   "tolerance": CHECK_TOLERANCE[shape["precision"]]},
         "wall": {"max_s": number(walls.max()) if len(walls) else None,
