@@ -18,15 +18,17 @@ SHAPE = {"size": "small", "context_length": 512, "batch_size": 4, "precision": "
          "warmup_steps": 3, "measure_steps": 5, "seed": 0}
 
 
-def _training(tmp_path, run, loop_ms, spread=0.1, optimizer_ms=2.0, status="ok"):
+def _training(tmp_path, run, loop_ms, spread=0.1, optimizer_ms=2.0, status="ok", peak=3.0,
+              size="small"):
     metrics = {} if status != "ok" else {
         **{f"loop_step_ms_{s}": v for s, v in (("mean", loop_ms), ("std", spread),
                                               ("median", loop_ms), ("min", loop_ms - spread),
                                               ("max", loop_ms + spread))},
-        "step_ms_median": loop_ms + 1, "optimizer_ms_median": optimizer_ms, "peak_gib": 3.0,
+        "step_ms_median": loop_ms + 1, "optimizer_ms_median": optimizer_ms, "peak_gib": peak,
         "matmul_tflops": 750.0, "model_flops": 1.6e12}
-    path = tmp_path / f"{run}.json"
-    write_json_atomic(path, make_record("training", {**SHAPE, "run": run}, status, metrics, ENV,
+    path = tmp_path / f"{size}-{run}.json"
+    write_json_atomic(path, make_record("training", {**SHAPE, "size": size, "run": run}, status,
+                                        metrics, ENV,
                                         "CUDA out of memory" if status == "oom" else None))
     return str(path)
 
@@ -114,3 +116,17 @@ def test_on_a_cpu_the_jobs_run_what_they_can_and_say_why_not_the_rest(tmp_path):
     assert json.loads(out.read_text())["message"].endswith("needs CUDA")
     time_optimizer.main(["--size", "tiny", "--device", "cpu", "--output", str(out)])
     assert json.loads(out.read_text())["status"] == "skipped"
+
+
+def test_the_fused_optimizer_lowers_the_peak_by_what_the_written_out_one_allocates(tmp_path):
+    training = [_training(tmp_path, "ours-sdpa-fused-compiled", 100.0, peak=52.7, size="2.7b"),
+                _training(tmp_path, "ours-sdpa-adamw-compiled", 150.0, peak=65.4, size="2.7b")]
+    facts, text = _facts(tmp_path, training, [_optimizer(tmp_path, (26.0, 26.1, 26.0))])
+    (gain,) = facts["training"][0]["fused_gain"]
+    assert gain["peak_gib"] == pytest.approx(12.7) and gain["peak_word"] == "lower"
+    assert "its peak 12.70 GiB lower (the written-out AdamW's temporaries measure 12.75 GiB" \
+        in text
+    higher = [_training(tmp_path, "ours-sdpa-fused-compiled", 100.0, peak=66.0, size="2.7b"),
+              _training(tmp_path, "ours-sdpa-adamw-compiled", 150.0, peak=65.4, size="2.7b")]
+    _, text = _facts(tmp_path, higher, [])
+    assert "its peak 0.60 GiB higher." in text

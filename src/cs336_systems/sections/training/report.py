@@ -161,8 +161,11 @@ def training_facts(frame: pd.DataFrame) -> list[dict]:
         for run in ok.index:
             twin = run.replace("-fused", "-adamw")
             if "-fused" in run and twin in ok.index:
+                peak = ok.loc[twin, "peak_gib"] - ok.loc[run, "peak_gib"]
                 fused_gain.append({"run": RUNS[run].label, "twin": RUNS[twin].label,
-                                   "speedup": _step_speedup(ok.loc[run], ok.loc[twin])})
+                                   "speedup": _step_speedup(ok.loc[run], ok.loc[twin]),
+                                   "peak_gib": number(abs(peak)),
+                                   "peak_word": "lower" if peak > 0 else "higher"})
         out.append({
             "size": size, "ceiling_tflops": ceiling,
             "table": to_markdown(shown),
@@ -182,9 +185,14 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     write_table(optimizer, outputs["optimizer_table"])
     write_table(training, outputs["training_table"])
     shape = training.iloc[0] if len(training) else None
+    optimizer_out = optimizer_facts(optimizer) if len(optimizer) else []
+    training_out = training_facts(training) if len(training) else []
+    extra = {entry["size"]: entry["written_out_extra_gib"] for entry in optimizer_out}
+    for entry in training_out:  # beside a step's peak: what the optimizer alone allocated
+        entry["written_out_extra_gib"] = extra.get(entry["size"])
     return {
-        "optimizer": optimizer_facts(optimizer) if len(optimizer) else [],
-        "training": training_facts(training) if len(training) else [],
+        "optimizer": optimizer_out,
+        "training": training_out,
         "shape": None if shape is None else {
             "context_length": int(shape["context_length"]),
             "batch_size": int(shape["batch_size"]), "precision": shape["precision"],
