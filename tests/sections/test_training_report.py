@@ -130,3 +130,15 @@ def test_the_fused_optimizer_lowers_the_peak_by_what_the_written_out_one_allocat
               _training(tmp_path, "ours-sdpa-adamw-compiled", 150.0, peak=65.4, size="2.7b")]
     _, text = _facts(tmp_path, higher, [])
     assert "its peak 0.60 GiB higher." in text
+
+
+def test_a_table_of_several_commits_names_each_rows_commit(tmp_path):
+    one = [_training(tmp_path, "ours-sdpa-fused-compiled", 10.0),
+           _training(tmp_path, "hf-llama-compiled", 12.0)]
+    facts, _ = _facts(tmp_path, one, [])
+    assert "commit" not in facts["training"][0]["table"]
+    record = json.loads((tmp_path / "small-hf-llama-compiled.json").read_text())
+    record["env"]["git"] = "def"
+    (tmp_path / "small-hf-llama-compiled.json").write_text(json.dumps(record))
+    facts, _ = _facts(tmp_path, one, [])
+    assert "| commit" in facts["training"][0]["table"] and "| def" in facts["training"][0]["table"]

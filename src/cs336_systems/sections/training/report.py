@@ -147,6 +147,8 @@ def training_facts(frame: pd.DataFrame) -> list[dict]:
             "optimizer % (phases timed apart)": 100 * group["optimizer_ms_median"]
             / group["step_ms_median"],
             "peak GiB": group["peak_gib"]})
+        if group["env_git"].nunique() > 1:  # a table of several commits says which row is whose
+            shown["commit"] = group["env_git"].to_numpy()
         ours = ok[~ok["stock"]]
         best = ours["ms_median"].idxmin() if len(ours) else None
         against = {}
