@@ -98,8 +98,17 @@ def test_counts_and_run_facts(reference):
     assert facts["flash_interpreted"] is False
     assert facts["implementations"] == ["Triton FA2", "torch SDPA", "plain PyTorch"]
     fb = [r["metrics"]["forward_backward_ms"] for r in records]
-    assert facts["launch_bound"] == {"threshold_ms": 0.2, "of": len(fb),
-                                     "count": sum(t < 0.2 for t in fb)}
+    assert facts["timed_cells"] == facts["overhead"]["of"] == len(fb)
+    # overhead-bound, recomputed from the records: a longer sequence of the same series with
+    # at least 4x the FLOPs (seq squared, at batch 1) in at most 1.5x the time
+    series = {}
+    for r in records:
+        c = r["config"]
+        series.setdefault((c["attention"], c["d"], c["dtype"]), []).append(
+            (c["seq"], r["metrics"]["forward_backward_ms"]))
+    bound = sum(any(s2 ** 2 >= 4 * s ** 2 and t2 <= 1.5 * t for s2, t2 in cells)
+                for cells in series.values() for s, t in cells)
+    assert facts["overhead"]["count"] == bound > 0
     assert facts["oom"] == [] and facts["skipped"]["count"] == facts["errors"]["count"] == 0
     assert facts["env"]["gpu"] == sorted({r["env"]["gpu"] for r in records})
     assert len(facts["env"]["gpu"]) == 1  # the whole sweep on one kind of GPU
@@ -172,10 +181,11 @@ def test_template_renders_the_facts(reference):
         assert number in text, number
     assert f"{fmt_ratio(board['vs_sdpa']['factor'])} {board['vs_sdpa']['word']} than" in text
     assert "quoted from" in text and "no spread recorded" in text
-    if facts["launch_bound"]["count"]:
+    if facts["overhead"]["count"]:
         words = " ".join(text.split())  # the template wraps its lines
-        assert "That threshold is a rule of thumb" in words
-        assert "Python overhead are a large share of the time" in words
+        assert f"{facts['overhead']['count']} of 48 cells (marked `*`) are overhead-bound" \
+            in words
+        assert facts["latency_table"].count(" *") == facts["overhead"]["count"]
     assert "(figures/flash_latency_vs_seq.png)" in text and "(figures/flash_speedup.png)" in text
     assert "| plain PyTorch ms" in facts["latency_table"] and facts["latency_table"] in text
 
@@ -300,6 +310,30 @@ def test_everything_skipped(tmp_path):
     assert cov["note"] == "; ".join(sorted([SKIP_REASON, "no CUDA device"]))
     assert facts["coverage"]["leaderboard (2025)"]["status"] == "skipped"
     assert facts["speedup_over"] == {"eager": None, "sdpa": None}
-    assert facts["launch_bound"]["of"] == 0
+    assert facts["timed_cells"] == 0 and facts["overhead"]["count"] == 0
     text = render(Section("flash").template, facts, link_base=tmp_path)
     assert "2 of 2 configurations skipped" in text and "no leaderboard records" in text
+
+
+def test_a_time_flat_in_the_problems_size_is_overhead_bound_and_left_out_of_the_busy_ratios(
+        tmp_path):
+    """seq 16 -> 32 is 4x the FLOPs: a time that grows by at most 1.5x marks the shorter cell
+    overhead-bound, and the busy speed-ups leave that shape out; times that grow with the
+    work mark nothing."""
+    def sweep(folder, triton_times, eager_times):
+        return [_write(tmp_path, impl, seq, metrics=_timed(t / 2, t / 2), folder=folder)
+                for impl, times in (("flash-triton", triton_times), ("eager", eager_times))
+                for seq, t in zip((16, 32, 64), times)]
+
+    facts = _build(tmp_path / "flat", sweep("flat", (1.0, 1.2, 5.0), (2.0, 8.0, 32.0)), [])
+    assert facts["overhead"]["count"] == 1  # Triton FA2 at 16: 1.2 ms at 32 is flat
+    busy, every = facts["speedup_busy"]["eager"], facts["speedup_over"]["eager"]
+    assert every["shapes"] == 3 and busy["shapes"] == 2
+    assert busy["min_at"]["seq"] != 16 and busy["max_at"]["seq"] != 16
+    text = " ".join(render(Section("flash").template, facts, link_base=tmp_path).split())
+    assert "1 of 6 cells (marked `*`) are overhead-bound" in text
+    assert "(2 shapes), the median speed-up over plain PyTorch is" in text
+    growing = _build(tmp_path / "growing", sweep("growing", (1.0, 4.0, 16.0),
+                                                 (2.0, 8.0, 32.0)), [])
+    assert growing["overhead"]["count"] == 0
+    assert growing["speedup_busy"]["eager"]["shapes"] == 3

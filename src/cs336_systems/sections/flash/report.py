@@ -45,9 +45,11 @@ CAUSAL_FRACTION = 0.5
 ATTENTION_ORDER = ["flash-triton", "flash-pytorch", "sdpa", "sdpa-flash", "sdpa-cudnn", "eager"]
 FLASH = OURS
 REFERENCES = ("eager", "sdpa")
-# A rule of thumb, not a measurement: under this (forward+backward, ms) kernel-launch and
-# Python overhead are a large share of a cell's time.
-LAUNCH_BOUND_MS = 0.2
+# A cell is overhead-bound when a longer sequence of the same implementation, d and dtype did
+# at least OVERHEAD_WORK times its forward+backward FLOPs in at most OVERHEAD_FLAT times its
+# time: its time is flat in the problem's size, so it measured launches and host work, not
+# attention.
+OVERHEAD_WORK, OVERHEAD_FLAT = 4.0, 1.5
 # The leaderboard case's keys that the config sets (the leaderboard rule always times it
 # causal and compiled).
 LEADERBOARD_KEYS = ("batch_size", "seq", "d", "dtype")
@@ -93,15 +95,32 @@ def build_table(record_paths: list[str]) -> pd.DataFrame:
                  + env_columns(frame)]
 
 
+def overhead_bound(table: pd.DataFrame) -> pd.Series:
+    """Per row, whether its forward+backward time is overhead-bound (OVERHEAD_WORK,
+    OVERHEAD_FLAT); False where it has no time or no longer sequence to compare with."""
+    flags = pd.Series(False, index=table.index)
+    timed = table.dropna(subset=["forward_backward_ms"])
+    for _, group in timed.groupby(["attention", "d", "dtype"]):
+        flops = pd.Series([pass_flops(int(r["batch_size"]), int(r["seq"]), int(r["d"]),
+                                      bool(r["causal"]), "forward_backward")
+                           for _, r in group.iterrows()], index=group.index)
+        for i in group.index:
+            longer = group[flops >= OVERHEAD_WORK * flops[i]]
+            flags[i] = bool((longer["forward_backward_ms"]
+                             <= OVERHEAD_FLAT * group.loc[i, "forward_backward_ms"]).any())
+    return flags
+
+
 def _pass(row: pd.Series, p: str) -> str:
     """One pass's time in ms, or its status (`oom`, `skipped`, ...) where it has none."""
     value = row[f"{p}_ms"]
     return fmt(value, 3) if pd.notna(value) else str(row[f"{p}_status"])
 
 
-def _cell(row: pd.Series) -> str:
-    """'fwd / bwd / fwd+bwd' in ms; a pass that did not run shows its status."""
-    return " / ".join(_pass(row, p) for p in PASSES)
+def _cell(row: pd.Series, overhead: bool = False) -> str:
+    """'fwd / bwd / fwd+bwd' in ms; a pass that did not run shows its status; * marks an
+    overhead-bound cell."""
+    return " / ".join(_pass(row, p) for p in PASSES) + (" *" if overhead else "")
 
 
 def _tflops(row: pd.Series) -> str:
@@ -113,10 +132,11 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     """One row per (d, dtype, seq); per implementation, its three times and its
     forward+backward TFLOP/s (blank: no record)."""
     rows = []
+    flags = overhead_bound(table)
     for (d, dtype, seq), group in table.groupby(SHAPE_KEYS, sort=True):
         row = {"d": d, "dtype": dtype, "seq": seq}
-        for _, r in group.iterrows():
-            row[f"{attention_label(r['attention'])} ms"] = _cell(r)
+        for i, r in group.iterrows():
+            row[f"{attention_label(r['attention'])} ms"] = _cell(r, flags[i])
             row[f"{attention_label(r['attention'])} TFLOP/s"] = _tflops(r)
         rows.append(row)
     return pd.DataFrame(rows).fillna("")
@@ -355,6 +375,8 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     speedup_figure(table, outputs["speedup_figure"])
 
     timed = table.dropna(subset=["forward_backward_ms"])
+    flags = overhead_bound(table)
+    busy = table[~flags]
     return {
         "env": env_summary(table, board),
         "commits": {"flash": commits(table), "leaderboard": commits(board),
@@ -374,8 +396,11 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "latency_table": to_markdown(display_table(table)),
         "speedup_over": {over: speedup_summary(table, over) for over in REFERENCES},
         "pass_speedups": {over: pass_speedups(table, over) for over in REFERENCES},
-        "launch_bound": {"threshold_ms": LAUNCH_BOUND_MS, "of": len(timed),
-                         "count": int((timed["forward_backward_ms"] < LAUNCH_BOUND_MS).sum())},
+        "timed_cells": len(timed),
+        "overhead": {"work": OVERHEAD_WORK, "flat": OVERHEAD_FLAT, "of": len(timed),
+                     "count": int(flags.sum())},
+        # the kernels compared where the GPU is busy: neither cell overhead-bound
+        "speedup_busy": {over: speedup_summary(busy, over) for over in REFERENCES},
         "oom": oom_facts(table),
         "skipped": _status_facts(table, "skipped"),
         "errors": _status_facts(table, "error"),
