@@ -98,6 +98,12 @@ MEASURING_JOB_MINUTES = 60
 MEASURING_JOB_MEM_MB_PER_PROCESS = 32000
 
 
+def matrix_world_size(matrices):
+    """A job's GPUs or ranks as a function of its wildcards: the world size of the job matrix
+    its `matrix` wildcard names (`matrices`: name -> settings)."""
+    return lambda wildcards: matrices[wildcards.matrix]["world_size"]
+
+
 def measuring_job(gpus=None, minutes=MEASURING_JOB_MINUTES):
     """Resources of a measuring job: `gpus` (a count, or a function of the wildcards; all on
     one node, which the profile asks for) or by default one GPU, none where the preset runs

@@ -11,10 +11,7 @@ BOARD_RECORD = f"{RESULTS}/leaderboard/{{matrix}}/{{variant}}.json"
 BOARD_RECORDS = [BOARD_RECORD.format(matrix=matrix["name"], variant=variant)
                  for matrix in BOARD["matrices"] for variant in matrix["variants"]]
 BOARD_CATEGORY = "8 Leaderboard (2026)"
-
-
-def board_world(wildcards):
-    return BOARD_MATRICES[wildcards.matrix]["world_size"]
+BOARD_WORLD = matrix_world_size(BOARD_MATRICES)
 
 
 rule leaderboard:
@@ -38,9 +35,9 @@ rule leaderboard:
                                            "check_tokens", "warmup_steps", "measure_steps",
                                            "cold_caches")},
             "device": DEVICE},
-    threads: board_world
+    threads: BOARD_WORLD
     resources:
-        **measuring_job(lambda wildcards: 0 if DEVICE == "cpu" else board_world(wildcards)),
+        **measuring_job(lambda wildcards: 0 if DEVICE == "cpu" else BOARD_WORLD(wildcards)),
     conda:
         SOFTWARE
     script:
