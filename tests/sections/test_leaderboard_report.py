@@ -26,6 +26,7 @@ def _record(tmp_path, variant, ms, peak=100.0, status="ok", grad_diff=0.01, wall
         **{f"step_ms_{s}": v for s, v in (("mean", ms), ("std", spread), ("median", ms),
                                           ("min", ms - spread), ("max", ms + spread))},
         "peak_gib": peak, "matmul_tflops": 760.0, "model_flops": 1.32e15,
+        "forward_ms_median": ms / 3, "backward_ms_median": ms * 0.6, "optimizer_ms_median": 40.0,
         "layers": config["layers"] or 34,
         "wall_s": wall, "check_tokens": 4096, "check_loss": 11.93,
         "check_loss_reference": 11.93, "check_loss_abs_diff": 1e-4,
@@ -70,6 +71,7 @@ def test_the_fastest_variant_against_the_stock_parts(tmp_path):
     assert "misses the proxy's target of 0.75x" in text and "with a lower peak" in text
     assert "class's best entry" not in text  # a proxy is no entry
     assert "With every lever of ours on" in text and "0.90x the stock parts'" in text
+    assert "| 900 / 1620 / 40 " in facts["table"]  # ours' phases, each timed on its own
 
 
 def test_a_target_met_and_a_slower_step_read_differently(tmp_path):
@@ -160,3 +162,14 @@ def test_a_variant_of_two_changes_is_no_lever():
     assert lever_of("ours-but-cudnn-half-selective") is None
     assert lever_of("ours-but-cudnn-full-recompute") is None
     assert "the last 50% of the layers" in variant_label("ours-but-cudnn-half-selective")
+
+
+def test_another_model_than_the_leaderboards_is_no_proxy_of_it(tmp_path):
+    tiny = {**CONFIG, "shape": "tiny", "layers": None, "context_length": 64}
+    facts, text = _one(tmp_path, [_record(tmp_path, "stock", 20.0, config=tiny, matrix="tiny"),
+                                  _record(tmp_path, "ours", 15.0, config=tiny, matrix="tiny")])
+    assert facts["shape"]["other_model"] and "Not the leaderboard's model" in text
+    assert "The `tiny` model on 1 GPU" in text and "A proxy, not" not in text
+    assert "of 34 layers" not in text
+    assert facts["coverage"]["leaderboard (2026)"]["note"].startswith(
+        "the tiny model in place of the 8b one")

@@ -74,6 +74,15 @@ def _spread(row) -> str:
     return f"{row.step_ms_median:.0f} [{row.step_ms_min:.0f}–{row.step_ms_max:.0f}]"
 
 
+def _phases(row) -> str:
+    """'forward / backward / optimizer' medians in ms, each phase timed on its own (the forward
+    holds the loss, and with the chunked loss the LM head's backward too)."""
+    if pd.isna(row.forward_ms_median):
+        return ""
+    return (f"{row.forward_ms_median:.0f} / {row.backward_ms_median:.0f} / "
+            f"{row.optimizer_ms_median:.0f}")
+
+
 def _step_speedup(a: pd.Series, b: pd.Series) -> dict | None:
     return speedup(a["step_ms_mean"], b["step_ms_mean"], a["step_ms_std"], b["step_ms_std"])
 
@@ -116,6 +125,7 @@ def table_of(frame: pd.DataFrame, ceiling: float | None, levers: list[dict]) -> 
     return pd.DataFrame({
         "variant": frame["label"], "status": frame["status"],
         "step ms (median [min–max])": [_spread(r) for r in frame.itertuples()],
+        "forward / backward / optimizer ms": [_phases(r) for r in frame.itertuples()],
         "TFLOP/s per GPU": frame["per_gpu_tflops"],
         "% of matmul ceiling": (100 * frame["per_gpu_tflops"] / ceiling if ceiling
                                 else float("nan")),
@@ -143,7 +153,10 @@ def shape_facts(frame: pd.DataFrame, assignment: dict) -> dict:
             "measure_steps": int(first["measure_steps"]), "proxy": bool(proxy),
             "cold_caches": bool(first["cold_caches"]),
             "check_tokens": int(first["check_tokens"]),
-            "layer_share": layers / full_layers}
+            "layer_share": layers / full_layers,
+            # another model than the leaderboard's (the smoke preset's tiny one): no proxy of it
+            "other_model": first["shape"] != assignment["shape"],
+            "leaderboard_shape": assignment["shape"]}
 
 
 def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
@@ -228,6 +241,8 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
             and frames[m["name"]]["status"].isin(["ok", "oom"]).any()]
     proxy = next((m["shape"] for m in matrices if m["shape"]["proxy"]), None)
     missing = "" if real or proxy is None else (
+        f"the {proxy['shape']} model in place of the {proxy['leaderboard_shape']} one"
+        if proxy["other_model"] else
         f"a one-GPU proxy ({proxy['layers']} of {proxy['full_layers']} layers, "
         f"{proxy['world_size']} GPU): the {proxy['full_world_size']}-GPU step is not measured "
         "in this preset")
