@@ -128,11 +128,10 @@ def _tflops(row: pd.Series) -> str:
     return fmt(row["forward_backward_tflops"], 1)
 
 
-def display_table(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per (d, dtype, seq); per implementation, its three times and its
-    forward+backward TFLOP/s (blank: no record)."""
+def display_table(table: pd.DataFrame, flags: pd.Series) -> pd.DataFrame:
+    """One row per (d, dtype, seq); per implementation, its three times (* where `flags`, from
+    `overhead_bound`, marks the cell) and its forward+backward TFLOP/s (blank: no record)."""
     rows = []
-    flags = overhead_bound(table)
     for (d, dtype, seq), group in table.groupby(SHAPE_KEYS, sort=True):
         row = {"d": d, "dtype": dtype, "seq": seq}
         for i, r in group.iterrows():
@@ -393,7 +392,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "configurations": len(table),
         "shapes": len(table.groupby(SHAPE_KEYS)) if len(table) else 0,
         "implementations": [attention_label(i) for i in ATTENTION_ORDER if i in set(table["attention"])],
-        "latency_table": to_markdown(display_table(table)),
+        "latency_table": to_markdown(display_table(table, flags)),
         "speedup_over": {over: speedup_summary(table, over) for over in REFERENCES},
         "pass_speedups": {over: pass_speedups(table, over) for over in REFERENCES},
         "timed_cells": len(timed),
