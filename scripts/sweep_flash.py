@@ -22,6 +22,7 @@ from triton.testing import do_bench
 
 from cs336_systems.kernels import flash_triton as ft
 from cs336_systems.kernels.flash_triton import Tiles
+from cs336_systems.kernels.launch import direct
 
 SHAPES = ["16x1x16384x64", "16x1x16384x128", "16x1x4096x64", "1x1x65536x64", "4x32x512x80",
           "4x16x1024x64", "4x16x2048x128", "48x1x1000x64", "1x1x4096x64", "1x1x4096x128",
@@ -102,11 +103,11 @@ def sweep(spec: str, causal: bool) -> list[dict]:
         precision = label if fp32 else ft.DEFAULT_FP32_PRECISION  # 16-bit dots ignore it
         for tiles in configs:
             try:
-                o, lse = ft._flash_fwd(q, k, v, causal, precision, wrap=ft._unwrapped,
+                o, lse = ft._flash_fwd(q, k, v, causal, precision, wrap=direct,
                                        tiles=tiles)
                 error = close(o, reference)
                 fwd = do_bench(lambda: ft._flash_fwd(q, k, v, causal, precision,
-                                                     wrap=ft._unwrapped, tiles=tiles))
+                                                     wrap=direct, tiles=tiles))
             except Exception as exc:  # noqa: BLE001 - a config that fails to compile
                 print(label, tiles, "failed:", str(exc).splitlines()[0][:200])
                 continue
@@ -120,7 +121,7 @@ def sweep(spec: str, causal: bool) -> list[dict]:
         for tiles in BACKWARD:
             def backward():
                 return ft._flash_bwd(q, k, v, o, lse, grad_o, causal, ft.DEFAULT_FP32_PRECISION,
-                                     wrap=ft._unwrapped, tiles=(tiles, DQ), atomic=atomic)
+                                     wrap=direct, tiles=(tiles, DQ), atomic=atomic)
             try:
                 grads = backward()
                 error = max(close(g, r) for g, r in zip(grads, ref_grads))

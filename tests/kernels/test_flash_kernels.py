@@ -133,6 +133,22 @@ def test_flash_triton_any_shape_against_float64(shape, is_causal, dtype):
     check_flash(FlashAttentionTriton, *shape, dtype, is_causal)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the interpreter launches through the JIT only")
+@pytest.mark.parametrize("shape", [(2, 64, 64, 16), (1, 100, 70, 80)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flash_triton_direct_launches_against_float64(shape, dtype):
+    """Eager calls after a shape's first launch its compiled kernels directly
+    (`launch.direct`): they must agree with float64 as the first does, with new inputs each
+    time, and the kernels must have been launched that way."""
+    from cs336_systems.kernels import flash_triton
+    from cs336_systems.kernels.launch import direct
+    for _ in range(3):
+        check_flash(FlashAttentionTriton, *shape, dtype, True)
+    for kernel in (flash_triton.flash_fwd_kernel, flash_triton.flash_bwd_dq_kernel,
+                   flash_triton.flash_bwd_kernel):
+        assert direct(kernel).binaries, kernel
+
+
 @pytest.mark.parametrize("shape", [(2, 64, 64, 32), (1, 70, 45, 24), (1, 45, 100, 80)])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("atomic", [False, True])
@@ -143,6 +159,9 @@ def test_flash_triton_backward_with_unequal_tiles(shape, is_causal, atomic, monk
 
     monkeypatch.setattr(flash_triton, "_backward_tiles", lambda *_: (
         flash_triton.Tiles(16, 32, 4, 2), flash_triton.Tiles(32, 16, 4, 2)))
+    # the launch plans are cached per shape: plan afresh from the tiles above
+    monkeypatch.setattr(flash_triton, "_cached_backward_launches",
+                        flash_triton._backward_launches)
     monkeypatch.setattr(flash_triton, "ATOMIC_DQ", atomic)
     check_flash(FlashAttentionTriton, *shape, torch.float32, is_causal)
 

@@ -28,13 +28,14 @@ folded into the exp2's argument (one multiply-add per score). P is cast to V's d
 P V product. It writes O and the logsumexp L = m + log(l), the only extra tensor saved for
 backward.
 
-Backward (Algorithm 2): a small kernel computes D = rowsum(dO * O); program (head, key tile)
-walks the query tiles that see its keys and keeps dK and dV in registers; program (head, query
-tile) of a second kernel walks the key tiles its queries see for dQ, recomputing S and dP
-(seven matmuls per score tile, adding in a fixed order). With `ATOMIC_DQ` the key-tile kernel
-instead adds each query tile's dS K into an fp32 dQ accumulator (FlashAttention-2's scheme,
-five matmuls); it measured slower on an H100 (see `ATOMIC_DQ`), so it is off by default, and
-torch's deterministic-algorithms switch keeps it off.
+Backward (Algorithm 2), two launches: program (head, query tile) of the dQ kernel computes its
+rows' D = rowsum(dO * O), stores it, and walks the key tiles its queries see for dQ; then
+program (head, key tile) of the key-tile kernel reads D, walks the query tiles that see its keys
+and keeps dK and dV in registers. Together they recompute S and dP (seven matmuls per score
+tile, adding in a fixed order). With `ATOMIC_DQ` a small kernel computes D and zeroes an fp32 dQ
+accumulator, and the key-tile kernel adds each query tile's dS K into it (FlashAttention-2's
+scheme, five matmuls); it measured slower on an H100 (see `ATOMIC_DQ`), so it is off by
+default, and torch's deterministic-algorithms switch keeps it off.
 
 Scores are kept in base 2 (exp2 is the hardware's instruction): S2 = Q K^T * scale * log2(e).
 Causal masking adds -1e6 to scores of keys after the query. Pointer arithmetic only (no
@@ -74,6 +75,7 @@ from cs336_systems.kernels.checks import (
     require_triton_device,
 )
 from cs336_systems.kernels.flash_pytorch import compiled_flash_backward
+from cs336_systems.kernels.launch import direct
 
 LOG2_E = tl.constexpr(1.4426950408889634)
 LN_2 = tl.constexpr(0.6931471805599453)
@@ -279,7 +281,16 @@ def flash_fwd_kernel(
         tl.store(lse_ptrs, logsumexp, mask=q_rows < N_QUERIES)
 
 
-# --- backward: D = rowsum(dO * O), and dQ's accumulator zeroed --------------------------------
+# --- backward with atomic dQ: D = rowsum(dO * O), and dQ's accumulator zeroed -----------------
+
+@triton.jit
+def _store_rows(base_ptr, rows, values, n_rows, EVEN_ROWS: tl.constexpr):
+    """One fp32 value per row (D, contiguous); rows past n_rows are not stored."""
+    if EVEN_ROWS:
+        tl.store(base_ptr + rows, values)
+    else:
+        tl.store(base_ptr + rows, values, mask=rows < n_rows)
+
 
 @triton.jit
 def flash_bwd_prepare_kernel(
@@ -289,10 +300,11 @@ def flash_bwd_prepare_kernel(
     stride_qz, stride_qh, stride_qs, stride_qd,
     N_HEADS, N_QUERIES,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr,
-    EVEN_D: tl.constexpr, ZERO_DQ: tl.constexpr,
+    EVEN_D: tl.constexpr,
 ):
-    """Program (head, query_tile): D for its rows, in fp32, and zeros in the rows of the dQ
-    accumulator that the main kernel adds into (when it accumulates dQ atomically)."""
+    """Program (head, query_tile), before the key-tile kernel adds dQ atomically: D for its
+    rows, in fp32, and zeros in its rows of the fp32 dQ accumulator. (Without atomic adds the
+    dQ kernel computes D itself.)"""
     head = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
@@ -300,16 +312,11 @@ def flash_bwd_prepare_kernel(
                    cols, stride_od, N_QUERIES, D, EVEN_M, EVEN_D)
     grad_o = _load_tile(_head_base(do_ptr, head, N_HEADS, stride_dz, stride_dh), rows,
                         stride_ds, cols, stride_dd, N_QUERIES, D, EVEN_M, EVEN_D)
-    delta = tl.sum(o.to(tl.float32) * grad_o.to(tl.float32), axis=1)
-    delta_ptrs = delta_ptr + head.to(tl.int64) * N_QUERIES + rows
-    if EVEN_M:
-        tl.store(delta_ptrs, delta)
-    else:
-        tl.store(delta_ptrs, delta, mask=rows < N_QUERIES)
-    if ZERO_DQ:
-        _store_tile(_head_base(dq_ptr, head, N_HEADS, stride_qz, stride_qh), rows, stride_qs,
-                    cols, stride_qd, N_QUERIES, D, tl.zeros((BLOCK_M, BLOCK_D), tl.float32),
-                    EVEN_M, EVEN_D)
+    delta = tl.sum(o.to(tl.float32) * grad_o.to(tl.float32), axis=1)    # Alg. 2, line 4
+    _store_rows(delta_ptr + head.to(tl.int64) * N_QUERIES, rows, delta, N_QUERIES, EVEN_M)
+    _store_tile(_head_base(dq_ptr, head, N_HEADS, stride_qz, stride_qh), rows, stride_qs,
+                cols, stride_qd, N_QUERIES, D, tl.zeros((BLOCK_M, BLOCK_D), tl.float32),
+                EVEN_M, EVEN_D)
 
 
 # --- backward, from each key tile: dK, dV, and dQ by atomic adds -----------------------------
@@ -437,10 +444,11 @@ def _dq_key_tiles(grad_q, q, grad_o, lse, delta, q_rows, k_base, v_base, stride_
 
 @triton.jit
 def flash_bwd_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
     stride_qz, stride_qh, stride_qs, stride_qd,
     stride_kz, stride_kh, stride_ks, stride_kd,
     stride_vz, stride_vh, stride_vs, stride_vd,
+    stride_oz, stride_oh, stride_os, stride_od,
     stride_dz, stride_dh, stride_ds, stride_dd,
     stride_dqz, stride_dqh, stride_dqs, stride_dqd,
     N_HEADS, N_QUERIES, N_KEYS,
@@ -449,8 +457,10 @@ def flash_bwd_dq_kernel(
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Program (head, query_tile) accumulates dQ for queries [q_start, q_start + BLOCK_M) in
-    a fixed order. BLOCK_M is a multiple of BLOCK_N, so the band is whole key tiles."""
+    """Program (head, query_tile) computes D = rowsum(dO * O) for queries [q_start, q_start +
+    BLOCK_M), stores it for the key-tile kernel (launched after this one), and accumulates
+    their dQ in a fixed order. BLOCK_M is a multiple of BLOCK_N, so the band is whole key
+    tiles."""
     head = tl.program_id(0)
     query_tile = tl.program_id(1)
     if IS_CAUSAL:
@@ -462,8 +472,11 @@ def flash_bwd_dq_kernel(
                    cols, stride_qd, N_QUERIES, D, EVEN_M, EVEN_D)
     grad_o = _load_tile(_head_base(do_ptr, head, N_HEADS, stride_dz, stride_dh), q_rows,
                         stride_ds, cols, stride_dd, N_QUERIES, D, EVEN_M, EVEN_D)
+    o = _load_tile(_head_base(o_ptr, head, N_HEADS, stride_oz, stride_oh), q_rows, stride_os,
+                   cols, stride_od, N_QUERIES, D, EVEN_M, EVEN_D)
+    delta = tl.sum(o.to(tl.float32) * grad_o.to(tl.float32), axis=1)    # Alg. 2, line 4
+    _store_rows(delta_ptr + head.to(tl.int64) * N_QUERIES, q_rows, delta, N_QUERIES, EVEN_M)
     lse = _load_rows(lse_ptr + head.to(tl.int64) * N_QUERIES, q_rows, N_QUERIES, EVEN_M) * LOG2_E
-    delta = _load_rows(delta_ptr + head.to(tl.int64) * N_QUERIES, q_rows, N_QUERIES, EVEN_M)
     k_base = _head_base(k_ptr, head, N_HEADS, stride_kz, stride_kh)
     v_base = _head_base(v_ptr, head, N_HEADS, stride_vz, stride_vh)
     grad_q = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -535,15 +548,14 @@ def _dot_precision(dtype: torch.dtype, precision: str) -> str:
     return precision if dtype == torch.float32 else "tf32"  # 16-bit dots ignore it
 
 
-def _shape_constants(q: Tensor, n_keys, block_m: int, block_n: int, is_causal: bool,
-                     precision: str) -> dict:
+def _shape_constants(n_queries, n_keys, d: int, dtype: torch.dtype, block_m: int,
+                     block_n: int, is_causal: bool, precision: str) -> dict:
     """The kernels' compile-time arguments that the shape and dtype fix."""
-    n_queries, d = q.shape[-2], int(q.shape[-1])  # int(): d specializes under torch.compile
     block_d = _tile(d, MAX_HEAD_DIM)
     return dict(SCALE=1.0 / math.sqrt(d), D=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
                 IS_CAUSAL=is_causal, EVEN_M=bool(n_queries % block_m == 0),
                 EVEN_N=bool(n_keys % block_n == 0), EVEN_D=d == block_d,
-                DOT_PRECISION=_dot_precision(q.dtype, precision))
+                DOT_PRECISION=_dot_precision(dtype, precision))
 
 
 class Tiles(NamedTuple):
@@ -615,9 +627,13 @@ def _backward_tiles(heads, n_queries, n_keys, d: int, dtype: torch.dtype, precis
             dq._replace(block_m=dq_m, block_n=_tile(n_keys, min(dq.block_n, dq_m))))
 
 
-def _heads(t: Tensor) -> Tensor:
-    """(batch, seq, d) as (batch, 1, seq, d), a view; (batch, heads, seq, d) as it is."""
-    return t.unsqueeze(1) if t.dim() == 3 else t
+def _dims(t: Tensor) -> tuple:
+    """(batch, heads, seq, d) of a (batch, heads, seq, d) tensor; a (batch, seq, d) one has one
+    head. d is an int: it specializes under torch.compile."""
+    shape = t.shape
+    if len(shape) == 3:
+        return shape[0], 1, shape[1], int(shape[2])
+    return shape[0], shape[1], shape[2], int(shape[3])
 
 
 def _like_heads(t: Tensor, dtype=None) -> Tensor:
@@ -643,27 +659,56 @@ def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, 
 
 
 def _strides(*tensors: Tensor) -> list:
-    return [s for t in tensors for s in _heads(t).stride()]
+    """Each tensor's (batch, heads, seq, d) strides, in turn; one head has head stride 0."""
+    strides = []
+    for t in tensors:
+        stride = t.stride()
+        strides.extend((stride[0], 0, stride[1], stride[2]) if len(stride) == 3 else stride)
+    return strides
+
+
+def _static(*sizes) -> bool:
+    """Whether the sizes are plain ints (not symbolic under torch.compile), so a launch plan
+    made for them can be cached."""
+    return all(type(size) is int for size in sizes)
+
+
+class Launch(NamedTuple):
+    """One kernel launch's grid and its keyword arguments (constexprs, warps and stages)."""
+    grid: tuple
+    kwargs: dict
+
+
+def _forward_launch(heads, n_queries, n_keys, d: int, dtype: torch.dtype, is_causal: bool,
+                    precision: str, sms: int, tiles: Tiles | None = None) -> Launch:
+    tiles = tiles or _forward_tiles(heads, n_queries, n_keys, d, dtype, precision, sms)
+    return Launch((heads, triton.cdiv(n_queries, tiles.block_m)),
+                  dict(**_shape_constants(n_queries, n_keys, d, dtype, tiles.block_m,
+                                          tiles.block_n, is_causal, precision),
+                       num_warps=tiles.num_warps, num_stages=tiles.num_stages))
+
+
+_cached_forward_launch = functools.lru_cache(maxsize=1024)(_forward_launch)
 
 
 def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, precision: str,
                wrap=wrap_triton, tiles: Tiles | None = None) -> tuple[Tensor, Tensor]:
     """o and the logsumexp L from q, k, v of any strides: (batch, seq, d) or
-    (batch, heads, seq, d). `tiles` overrides the launch's (for sweeps)."""
+    (batch, heads, seq, d). One launch; its plan is cached per shape. `tiles` overrides the
+    launch's (for sweeps)."""
     check_attention_inputs(q, k, v, heads=True)
     require_triton_device(q, k, v)
     o, logsumexp = _forward_outputs(q)
-    q4 = _heads(q)
-    batch, n_heads, n_queries, d = q4.shape
+    batch, n_heads, n_queries, d = _dims(q)
     n_keys = k.shape[-2]
     heads = batch * n_heads
-    tiles = tiles or _forward_tiles(heads, n_queries, n_keys, d, q.dtype, precision,
-                                    _multiprocessors(q.device))
-    wrap(flash_fwd_kernel)[(heads, triton.cdiv(n_queries, tiles.block_m))](
+    plan = _cached_forward_launch if tiles is None and _static(heads, n_queries, n_keys) \
+        else _forward_launch
+    launch = plan(heads, n_queries, n_keys, d, q.dtype, is_causal, precision,
+                  _multiprocessors(q.device), tiles)
+    wrap(flash_fwd_kernel)[launch.grid](
         q, k, v, o, logsumexp, *_strides(q, k, v, o), n_heads, n_queries, n_keys,
-        **_shape_constants(q, n_keys, tiles.block_m, tiles.block_n, is_causal, precision),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )
+        **launch.kwargs)
     return o, logsumexp
 
 
@@ -698,43 +743,75 @@ def atomic_dq() -> bool:
     return ATOMIC_DQ and not torch.are_deterministic_algorithms_enabled()
 
 
+class BackwardLaunches(NamedTuple):
+    """The backward's launches: the key-tile kernel's, and either the dQ kernel's (which also
+    computes D) or, with atomic dQ, the prepare kernel's (D and the zeroed accumulator)."""
+    keys: Launch
+    dq: Launch | None
+    prepare: Launch | None
+
+
+def _backward_launches(heads, n_queries, n_keys, d: int, dtype: torch.dtype, is_causal: bool,
+                       precision: str, atomic: bool,
+                       tiles: tuple[Tiles, Tiles] | None = None) -> BackwardLaunches:
+    keys, dq = tiles or _backward_tiles(heads, n_queries, n_keys, d, dtype, precision)
+    key_constants = _shape_constants(n_queries, n_keys, d, dtype, keys.block_m, keys.block_n,
+                                     is_causal, precision)
+    key_tiles = Launch((heads, triton.cdiv(n_keys, keys.block_n)),
+                       dict(**key_constants, ATOMIC_DQ=atomic, num_warps=keys.num_warps,
+                            num_stages=keys.num_stages))
+    if atomic:
+        prepare = Launch((heads, triton.cdiv(n_queries, keys.block_m)),
+                         dict(D=d, BLOCK_D=key_constants["BLOCK_D"], BLOCK_M=keys.block_m,
+                              EVEN_M=key_constants["EVEN_M"], EVEN_D=key_constants["EVEN_D"],
+                              num_warps=4))
+        return BackwardLaunches(key_tiles, None, prepare)
+    query_tiles = Launch((heads, triton.cdiv(n_queries, dq.block_m)),
+                         dict(**_shape_constants(n_queries, n_keys, d, dtype, dq.block_m,
+                                                 dq.block_n, is_causal, precision),
+                              num_warps=dq.num_warps, num_stages=dq.num_stages))
+    return BackwardLaunches(key_tiles, query_tiles, None)
+
+
+_cached_backward_launches = functools.lru_cache(maxsize=1024)(_backward_launches)
+
+
 def _flash_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor,
                grad_o: Tensor, is_causal: bool, precision: str, wrap=wrap_triton,
                tiles: tuple[Tiles, Tiles] | None = None, atomic: bool | None = None
                ) -> tuple[Tensor, Tensor, Tensor]:
-    """dQ, dK, dV from the forward's inputs, o and L, and dO, any strides: three launches (D,
-    the key-tile kernel, the dQ kernel), or with atomic adds two and a cast (D and the zeroed
-    fp32 dQ accumulator, then the key-tile kernel adding into it); `tiles` and `atomic`
-    override (for sweeps)."""
+    """dQ, dK, dV from the forward's inputs, o and L, and dO, any strides: two launches (the dQ
+    kernel, which also computes D, then the key-tile kernel, which reads D), or with atomic
+    adds two and a cast (D and the zeroed fp32 dQ accumulator, then the key-tile kernel adding
+    into it); plans cached per shape; `tiles` and `atomic` override (for sweeps)."""
     atomic = atomic_dq() if atomic is None else atomic
-    q4 = _heads(q)
-    batch, n_heads, n_queries, d = q4.shape
+    batch, n_heads, n_queries, d = _dims(q)
     n_keys = k.shape[-2]
     heads = batch * n_heads
-    keys, dq = tiles or _backward_tiles(heads, n_queries, n_keys, d, q.dtype, precision)
+    plan = _cached_backward_launches if tiles is None and _static(heads, n_queries, n_keys) \
+        else _backward_launches
+    launches = plan(heads, n_queries, n_keys, d, q.dtype, is_causal, precision, atomic, tiles)
     # with atomic adds, dQ accumulates in fp32 (in place for fp32 inputs), then is cast
     grad_q, grad_k, grad_v = _backward_outputs(q, k, v) if q.dtype == torch.float32 \
         or not atomic else (None, _like_heads(k), _like_heads(v))
-    accumulate = grad_q if grad_q is not None else _like_heads(q, dtype=torch.float32)
     logsumexp = logsumexp.contiguous()
     delta = torch.empty_like(logsumexp)                                # D = rowsum(dO * O)
-    constants = _shape_constants(q, n_keys, keys.block_m, keys.block_n, is_causal, precision)
-    even = dict(EVEN_M=constants["EVEN_M"], EVEN_D=constants["EVEN_D"])
-    wrap(flash_bwd_prepare_kernel)[(heads, triton.cdiv(n_queries, keys.block_m))](
-        o, grad_o, delta, accumulate, *_strides(o, grad_o, accumulate), n_heads, n_queries,
-        D=d, BLOCK_D=constants["BLOCK_D"], BLOCK_M=keys.block_m, ZERO_DQ=atomic, **even,
-        num_warps=4)
-    wrap(flash_bwd_kernel)[(heads, triton.cdiv(n_keys, keys.block_n))](
+    if atomic:
+        accumulate = grad_q if grad_q is not None else _like_heads(q, dtype=torch.float32)
+        wrap(flash_bwd_prepare_kernel)[launches.prepare.grid](
+            o, grad_o, delta, accumulate, *_strides(o, grad_o, accumulate), n_heads, n_queries,
+            **launches.prepare.kwargs)
+    else:
+        accumulate = grad_q  # not written by the key-tile kernel without atomic adds
+        wrap(flash_bwd_dq_kernel)[launches.dq.grid](
+            q, k, v, o, grad_o, logsumexp, delta, grad_q,
+            *_strides(q, k, v, o, grad_o, grad_q), n_heads, n_queries, n_keys,
+            **launches.dq.kwargs)
+    wrap(flash_bwd_kernel)[launches.keys.grid](
         q, k, v, grad_o, logsumexp, delta, accumulate, grad_k, grad_v,
         *_strides(q, k, v, grad_o, accumulate, grad_k), n_heads, n_queries, n_keys,
-        **constants, ATOMIC_DQ=atomic, num_warps=keys.num_warps, num_stages=keys.num_stages)
-    if not atomic:
-        wrap(flash_bwd_dq_kernel)[(heads, triton.cdiv(n_queries, dq.block_m))](
-            q, k, v, grad_o, logsumexp, delta, grad_q, *_strides(q, k, v, grad_o, grad_q),
-            n_heads, n_queries, n_keys,
-            **_shape_constants(q, n_keys, dq.block_m, dq.block_n, is_causal, precision),
-            num_warps=dq.num_warps, num_stages=dq.num_stages)
-    elif grad_q is None:
+        **launches.keys.kwargs)
+    if grad_q is None:
         grad_q = accumulate.to(q.dtype)  # keeps the (batch, seq, heads, d) order
     return grad_q, grad_k, grad_v
 
@@ -758,16 +835,12 @@ def _flash_attn_bwd_fake(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: 
 # --- autograd: the operator's, and the assignment's autograd.Function --------------------------
 
 def _direct(*tensors: Tensor) -> bool:
-    """Whether to launch the kernels directly rather than through the operators: in eager mode
-    on plain tensors. Torch's custom-operator dispatch costs about 0.5 ms of host time per
-    forward+backward (torch 2.11, H200), more than the kernels themselves at small shapes, and
-    wrap_triton outside an operator more still; torch.compile (and fake or functional tensors)
-    goes through the operators."""
+    """Whether to launch the kernels directly (`launch.direct`) rather than through the
+    operators: in eager mode on plain tensors. Torch's custom-operator dispatch costs about
+    0.5 ms of host time per forward+backward (torch 2.11, H200), more than the kernels
+    themselves at small shapes, and wrap_triton outside an operator more still; torch.compile
+    (and fake or functional tensors) goes through the operators."""
     return not torch.compiler.is_compiling() and all(type(t) is Tensor for t in tensors)
-
-
-def _unwrapped(kernel):
-    return kernel
 
 
 def _save_for_backward(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
@@ -789,7 +862,7 @@ def _backward(ctx, grad_o: Tensor, *_grad_logsumexp) -> tuple[Tensor | None, ...
     logsumexp, q, k, v, o = ctx.saved_tensors
     args = (q, k, v, o, logsumexp, grad_o, ctx.is_causal, ctx.precision)
     if _direct(q, grad_o):
-        grads = _flash_bwd(*args, wrap=_unwrapped)
+        grads = _flash_bwd(*args, wrap=direct)
     else:
         grads = torch.ops.cs336.flash_attn_bwd(*args)
     return *grads, None, None
@@ -810,7 +883,7 @@ class FlashAttentionTriton(torch.autograd.Function):
                 precision: str | None = None) -> Tensor:
         precision = precision or current_fp32_precision()
         if _direct(q):
-            output = _flash_fwd(q, k, v, is_causal, precision, wrap=_unwrapped)
+            output = _flash_fwd(q, k, v, is_causal, precision, wrap=direct)
         else:
             output = torch.ops.cs336.flash_attn_fwd(q, k, v, is_causal, precision)
         _save_for_backward(ctx, (q, k, v, is_causal, precision), output)
