@@ -519,3 +519,20 @@ def test_a_long_speed_table_is_summarised_one_row_per_target(tmp_path, monkeypat
     text = " ".join(render(Section("flash").template, facts, link_base=tmp_path).split())
     assert "the speed table's CSV" in text and "Unmet:" not in text
     assert "| leaderboard forward+backward (stretch) " in sp["table"]
+
+
+def test_a_graph_step_returns_the_gradients_and_leaves_grad_alone():
+    """A CUDA graph keeps the addresses it captured, so the graph groups' step returns the
+    gradients (torch.autograd.grad) instead of accumulating into .grad, which do_bench would
+    reset between calls; the gradients are those of the accumulating step."""
+    from cs336_systems.lm.attention import get_attention
+    from cs336_systems.sections.flash.targets import GRAPH_METRIC
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 8, 16, requires_grad=True) for _ in range(3))
+    grad_o = torch.randn(2, 8, 16)
+    attend = get_attention("eager")
+    grads = flash_speed.step_fn(attend, GRAPH_METRIC, (q, k, v, grad_o), True)()
+    assert all(t.grad is None for t in (q, k, v))
+    flash_speed.step_fn(attend, "forward_backward_ms", (q, k, v, grad_o), True)()
+    assert all(torch.allclose(g, t.grad) for g, t in zip(grads, (q, k, v)))
+    assert {g.metric for g in GROUPS.values() if g.name.endswith("_graph")} == {GRAPH_METRIC}

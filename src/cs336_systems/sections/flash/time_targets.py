@@ -10,7 +10,9 @@ its shapes (batch x seq x d):
   `skipped` with SDPA's reason), compiled where its target says, run once to warm up, then
   timed with `timing.benchmark_ms` (a `do_bench` median) in `--rounds` interleaved rounds
   (ours, reference, ours, reference, ...). A value is the median of its rounds' medians, and its
-  spread their standard deviation: do_bench's median carries no spread of its own.
+  spread their standard deviation: do_bench's median carries no spread of its own. Groups of
+  `GRAPH_METRIC` time each forward+backward replayed from a CUDA graph, so that the GPU's
+  time is measured without the host's.
 - `longest`: our forward+backward once at each shape's length, halving the length after an
   out-of-memory; the value is the longest length that ran.
 - `cold_compile`: a fresh Python process with empty Triton and Inductor caches
@@ -46,6 +48,7 @@ from cs336_systems.pipeline.cli import add_common_arguments, positive_int
 from cs336_systems.pipeline.records import Skip, is_out_of_memory, run_and_record
 from cs336_systems.sections.flash import cold_compile
 from cs336_systems.sections.flash.targets import (
+    GRAPH_METRIC,
     GROUPS,
     OURS,
     AttentionRun,
@@ -69,11 +72,31 @@ def attend_fn(impl: AttentionRun) -> Callable:
 
 
 def step_fn(attend: Callable, metric: str, inputs: tuple, causal: bool) -> Callable[[], None]:
-    """One forward (`forward_ms`) or one forward+backward (`forward_backward_ms`)."""
+    """One forward (`forward_ms`) or one forward+backward (`forward_backward_ms`; for a CUDA
+    graph, `GRAPH_METRIC`, gradients returned rather than accumulated into .grad, whose
+    tensors a graph could not follow)."""
     q, k, v, grad_o = inputs
     if metric == "forward_ms":
         return lambda: attend(q, k, v, causal)
+    if metric == GRAPH_METRIC:
+        return lambda: torch.autograd.grad(attend(q, k, v, causal), (q, k, v), grad_o)
     return lambda: attend(q, k, v, causal).backward(grad_o)
+
+
+def replayed(step: Callable[[], object], device: torch.device) -> Callable[[], None]:
+    """`step` captured in a CUDA graph after three warm-up calls on a side stream (as torch's
+    docs prescribe), returned as the graph's replay: the step's GPU work with none of the
+    host's."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
 
 
 def _entry(impl: AttentionRun, shape: Shape, metric: str, status: str = "ok", **fields) -> dict:
@@ -110,6 +133,8 @@ def time_versus(shape: Shape, impls: list[AttentionRun], metric: str, config: di
         try:
             step = step_fn(attend_fn(impl), metric, inputs, config["causal"])
             step()  # compiles where compiled, and warms up
+            if metric == GRAPH_METRIC:
+                step = replayed(step, device)
             synchronize(device)
             steps[impl] = step
         except Exception as error:  # noqa: BLE001 - only an out-of-memory is data here
@@ -120,7 +145,8 @@ def time_versus(shape: Shape, impls: list[AttentionRun], metric: str, config: di
     for round_index in range(config["rounds"]):
         for impl, step in list(steps.items()):
             try:
-                rounds[impl].append(benchmark_ms(step, device, grad_to_none=[q, k, v]))
+                rounds[impl].append(benchmark_ms(
+                    step, device, grad_to_none=None if metric == GRAPH_METRIC else [q, k, v]))
             except Exception as error:  # noqa: BLE001
                 if not is_out_of_memory(error):
                     raise
