@@ -1,7 +1,7 @@
 """Sweep the Triton FlashAttention-2 kernels' launch tiles on one GPU, beside SDPA's flash and
 cuDNN backends timed in the same process: for each shape, every forward tile set and every
-backward tile set (atomic dQ and the deterministic two-kernel dQ), each checked against SDPA
-before it is timed. The tiles in `kernels/flash_triton.py` come from this.
+backward tile set (atomic dQ and the deterministic two-kernel dQ), then the dQ kernel's tiles
+under the fastest key-tile kernel's, each checked against SDPA before it is timed. The tiles in `kernels/flash_triton.py` come from this.
 
     python scripts/sweep_flash.py [--shapes 16x1x16384x64 ...] [--json out.json]
 
@@ -34,6 +34,8 @@ FORWARD = [Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2), Tiles(128, 64, 8, 4), Til
 BACKWARD = [Tiles(64, 128, 8, 2), Tiles(32, 128, 4, 2), Tiles(32, 128, 8, 2), Tiles(64, 128, 8, 3),
             Tiles(64, 64, 4, 2), Tiles(64, 64, 4, 3), Tiles(32, 64, 4, 3), Tiles(128, 128, 8, 2)]
 DQ = Tiles(128, 64, 8, 3)
+DQ_TILES = [DQ, Tiles(128, 64, 8, 2), Tiles(128, 64, 4, 3), Tiles(128, 32, 8, 3),
+            Tiles(128, 128, 8, 2), Tiles(64, 64, 4, 3), Tiles(64, 32, 4, 3)]
 FP32 = {"ieee": [Tiles(32, 32, 4, 2), Tiles(64, 32, 4, 2)],
         "tf32": [Tiles(64, 32, 4, 2), Tiles(64, 64, 4, 2), Tiles(128, 64, 8, 2),
                  Tiles(64, 64, 4, 3), Tiles(128, 32, 8, 2)],
@@ -117,22 +119,32 @@ def sweep(spec: str, causal: bool) -> list[dict]:
     if fp32:
         return rows
     _, fwd_tiles, o, lse = best
-    for atomic in (True, False):
-        for tiles in BACKWARD:
-            def backward():
-                return ft._flash_bwd(q, k, v, o, lse, grad_o, causal, ft.DEFAULT_FP32_PRECISION,
-                                     wrap=direct, tiles=(tiles, DQ), atomic=atomic)
-            try:
-                grads = backward()
-                error = max(close(g, r) for g, r in zip(grads, ref_grads))
-                bwd = do_bench(backward)
-            except Exception as exc:  # noqa: BLE001
-                print("backward", tiles, "failed:", str(exc).splitlines()[0][:200])
-                continue
-            row("ours-atomic" if atomic else "ours-deterministic", [list(fwd_tiles), list(tiles)],
-                best[0], bwd, error)
-        if not atomic:
-            break
+
+    def time_backward(tiles: tuple[Tiles, Tiles], atomic: bool) -> float | None:
+        def backward():
+            return ft._flash_bwd(q, k, v, o, lse, grad_o, causal, ft.DEFAULT_FP32_PRECISION,
+                                 wrap=direct, tiles=tiles, atomic=atomic)
+        try:
+            grads = backward()
+            error = max(close(g, r) for g, r in zip(grads, ref_grads))
+            bwd = do_bench(backward)
+        except Exception as exc:  # noqa: BLE001
+            print("backward", tiles, "failed:", str(exc).splitlines()[0][:200])
+            return None
+        row("ours-atomic" if atomic else "ours-deterministic",
+            [list(fwd_tiles), *(list(t) for t in tiles[:2 if not atomic else 1])],
+            best[0], bwd, error)
+        return bwd
+
+    for tiles in BACKWARD:
+        time_backward((tiles, DQ), atomic=True)
+    deterministic = {tiles: time_backward((tiles, DQ), atomic=False) for tiles in BACKWARD}
+    timed = [tiles for tiles, ms in deterministic.items() if ms is not None]
+    if timed:  # the dQ kernel's tiles, under the fastest key-tile kernel's
+        keys = min(timed, key=deterministic.get)
+        for dq in DQ_TILES:
+            if dq != DQ:
+                time_backward((keys, dq), atomic=False)
     return rows
 
 
