@@ -72,9 +72,15 @@ def test_the_count_matches_the_measured_memory(facts):
 
 
 def test_fragmentation_is_told_apart_from_need(facts):
-    by = {(o["variant"], o["d"]): o for o in facts["oom"]}
-    assert by[("compiled", 16)]["under_cap"] and by[("compiled", 16)]["pass"] == "forward"
-    assert not by[("eager", 16)]["under_cap"] and by[("eager", 16)]["pass"] == "backward"
+    """The reference run's compiled out-of-memory (in a forward whose count fits the cap: the
+    allocator's fragmentation, and which shape it strikes varies from run to run) is told apart
+    from eager's (backwards whose count exceeds the cap)."""
+    by_variant = {}
+    for o in facts["oom"]:
+        by_variant.setdefault(o["variant"], []).append(o)
+    assert by_variant["compiled"] and by_variant["eager"]
+    assert all(o["under_cap"] and o["pass"] == "forward" for o in by_variant["compiled"])
+    assert all(not o["under_cap"] and o["pass"] == "backward" for o in by_variant["eager"])
 
 
 def test_the_exponent_is_a_fit_of_the_records(facts):
@@ -141,7 +147,9 @@ def test_no_compile_time_is_given_as_negative(facts, tmp_path):
         assert compile_ms["min"] < 0
         assert (f"At {compile_ms['negative']} of {compile_ms['shapes']} shapes the difference "
                 "came out below zero") in text
-    assert f"({compile_ms['min']:.0f} to" not in text
+        assert f"({compile_ms['min']:.0f} to" not in text
+    else:
+        assert compile_ms["min"] >= 0 and "below zero" not in text
 
 
 def test_a_negative_difference_is_counted(facts, tmp_path):
