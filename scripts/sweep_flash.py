@@ -1,7 +1,8 @@
 """Sweep the Triton FlashAttention-2 kernels' launch tiles on one GPU, beside SDPA's flash and
 cuDNN backends timed in the same process: for each shape, every forward tile set and every
 backward tile set (atomic dQ and the deterministic two-kernel dQ), then the dQ kernel's tiles
-under the fastest key-tile kernel's, each checked against SDPA before it is timed. The tiles in `kernels/flash_triton.py` come from this.
+under the fastest key-tile kernel's, each checked against SDPA before it is timed. The tiles in
+`kernels/flash_triton.py` come from this.
 
     python scripts/sweep_flash.py [--shapes 16x1x16384x64 ...] [--json out.json]
 
