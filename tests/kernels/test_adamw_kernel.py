@@ -89,6 +89,50 @@ def test_bf16_gradients_update_fp32_masters_as_their_fp32_values_would():
         torch.testing.assert_close(f, r, **FP32)
 
 
+@pytest.mark.skipif(not hasattr(torch.Tensor, "grad_dtype"),
+                    reason="this torch takes no gradient of another dtype than its tensor")
+def test_working_copies_update_as_their_fp32_masters_would_and_are_them_rounded():
+    shapes = [*SHAPES, (BLOCK,)]
+    initial = _params(shapes)
+    grads = [[torch.randn(shape, device=DEVICE, dtype=torch.bfloat16) for shape in shapes]
+             for _ in range(STEPS)]
+    # the reference: fp32 parameters taking the same bf16 gradients
+    reference = [_param(p, torch.bfloat16) for p in initial]
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in initial]
+    optimizers = FusedAdamW(reference, lr=1e-2), FusedAdamW(copies, lr=1e-2)
+    optimizers[1].hold_masters(copies[1:], torch.bfloat16)  # the first stays fp32
+    assert copies[0].dtype == torch.float32
+    assert all(c.dtype == torch.bfloat16 for c in copies[1:])
+    for step in grads:
+        for r, c, g in zip(reference, copies, step):
+            r.grad = g.clone()
+            c.grad = g.clone().to(c.dtype)  # the fp32 one's: the same values, exactly
+        for optimizer in optimizers:
+            optimizer.step()
+    masters = [copies[0]] + [optimizers[1].state[c]["master"] for c in copies[1:]]
+    for r, m, c, p in zip(reference, masters, copies, initial):
+        assert torch.equal(m, r)                  # the same update, bit for bit
+        assert torch.equal(c, m.to(c.dtype))      # the copy is the master, rounded
+        assert not torch.equal(m, p)
+    for p in copies[1:]:
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert optimizers[1].state[p][name].dtype == torch.float32
+
+
+def test_what_hold_masters_refuses_it_says():
+    a, b = _params([(8,), (4,)])
+    optimizer = FusedAdamW([a], lr=0.1)
+    with pytest.raises(ValueError, match="parameters of this optimizer"):
+        optimizer.hold_masters([b], torch.bfloat16)
+    a.grad = torch.randn_like(a)
+    optimizer.step()
+    with pytest.raises(ValueError, match="before the first step"):
+        optimizer.hold_masters([a], torch.bfloat16)
+    half = _params([(8,)], dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="fp32 parameter"):
+        FusedAdamW(half).hold_masters(half, torch.bfloat16)
+
+
 def test_parameters_without_gradients_are_left_alone():
     a, b = _params([(9,), (4,)])
     before = b.detach().clone()

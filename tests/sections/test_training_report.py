@@ -132,6 +132,27 @@ def test_the_fused_optimizer_lowers_the_peak_by_what_the_written_out_one_allocat
     assert "its peak 0.60 GiB higher." in text
 
 
+def test_what_the_bf16_weight_copies_buy_is_their_run_against_its_twin(tmp_path):
+    def facts_and_text(with_copies_ms, spread=0.1):
+        training = [_training(tmp_path, "ours-fa2-fused-bf16w-graphs", with_copies_ms,
+                              spread=spread, peak=40.0, size="2.7b"),
+                    _training(tmp_path, "ours-fa2-fused-graphs", 110.0, peak=45.0, size="2.7b")]
+        return _facts(tmp_path, training, [])
+
+    facts, text = facts_and_text(100.0)
+    (gain,) = facts["training"][0]["masters_gain"]
+    assert gain["twin"] == RUNS["ours-fa2-fused-graphs"].label
+    assert "takes 100.0 ms against 110.0 ms without the copies, 1.10x faster, its peak 5.00 GiB " \
+        "lower." in text
+    _, text = facts_and_text(121.0)
+    assert "1.10x slower, its peak" in text
+    _, text = facts_and_text(110.5, spread=1.0)
+    assert "a tie inside the measured spread" in text
+    facts, text = _facts(tmp_path, [_training(tmp_path, "ours-fa2-fused-bf16w-graphs", 100.0,
+                                               size="2.7b")], [])
+    assert facts["training"][0]["masters_gain"] == [] and "without the copies" not in text
+
+
 def test_a_table_of_several_commits_names_each_rows_commit(tmp_path):
     one = [_training(tmp_path, "ours-sdpa-fused-compiled", 10.0),
            _training(tmp_path, "hf-llama-compiled", 12.0)]

@@ -17,6 +17,12 @@ element) per chunk). Offsets are multiples of 4 elements, so loads and stores ar
 wide; a tensor that is not 16-byte aligned is refused by `check_fusable`. The tables of the
 parameters and moments (`Plan`) are built once and kept on the device; each step sends only
 the gradients' offsets, so a step costs the host a loop over the parameters and one launch.
+
+With working copies (`FusedAdamW.hold_masters`), the parameter the model computes with is a
+bf16 copy, its fp32 master lives in the optimizer's state, and the same pass writes the copy
+from the updated master (2 bytes more per element); the forward then reads bf16 weights and the
+backward makes bf16 gradients, where autocast would cast every weight down and every gradient
+up each step (6 bytes per element each way).
 """
 
 from __future__ import annotations
@@ -45,11 +51,25 @@ ALIGN = 16      # bytes: every tensor's start, so that offsets are multiples of 
 
 
 @triton.jit
-def _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, idx, end,
+def _rounded(x, dtype: tl.constexpr):
+    """fp32 `x` rounded to the nearest `dtype` value, ties to even, as torch's `.to(dtype)`
+    rounds (finite values). bf16 is done with integer operations: the same on a GPU and in the
+    interpreter, whose bf16 cast truncates."""
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, idx, end,
                  decay, beta2, one_minus_beta1, one_minus_beta2, step_size, bias2_sqrt, eps,
-                 MASKED: tl.constexpr):
+                 MASKED: tl.constexpr, COPY: tl.constexpr):
     """Elements `idx` of one tensor, in place; masked at `end` only in a chunk's last block,
-    so that every other block's loads and stores stay 16 bytes wide."""
+    so that every other block's loads and stores stay 16 bytes wide. With COPY, the updated
+    p is also written to its working copy `w_ptr` in that copy's dtype."""
     mask = idx < end if MASKED else None
     p = tl.load(p_ptr + idx, mask=mask).to(tl.float32)
     g = tl.load(g_ptr + idx, mask=mask).to(tl.float32)
@@ -63,17 +83,20 @@ def _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, idx, end,
     tl.store(p_ptr + idx, p.to(p_ptr.dtype.element_ty), mask=mask)
     tl.store(m_ptr + idx, m.to(m_ptr.dtype.element_ty), mask=mask)
     tl.store(v_ptr + idx, v.to(v_ptr.dtype.element_ty), mask=mask)
+    if COPY:
+        tl.store(w_ptr + idx, _rounded(p, w_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _adamw_chunk(p_base, g_base, m_base, v_base,             # the first tensor of each kind
-                 p_off, g_off, m_off, v_off,                 # [tensors] offsets from the bases
+def _adamw_chunk(p_base, g_base, m_base, v_base, w_base,     # the first tensor of each kind
+                 p_off, g_off, m_off, v_off, w_off,          # [tensors] offsets from the bases
                  numels, chunk_tensor, chunk_start,          # [tensors] sizes; [chunks] table
                  decay, beta2, one_minus_beta1, one_minus_beta2, step_size, bias2_sqrt, eps,
-                 CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, COPY: tl.constexpr):
     """One chunk of one tensor (program = chunk): `decay` = 1 - lr * weight_decay, `step_size`
     = lr / (1 - beta1^t), `bias2_sqrt` = sqrt(1 - beta2^t), and 1 - beta computed on the host
-    in double precision (in fp32 from fp32's 0.999, 1 - beta2 is off by 1.3e-5 of itself)."""
+    in double precision (in fp32 from fp32's 0.999, 1 - beta2 is off by 1.3e-5 of itself).
+    Without COPY, `w_base` and `w_off` are placeholders, never read."""
     chunk = tl.program_id(0)
     tensor = tl.load(chunk_tensor + chunk)
     start = tl.multiple_of(tl.load(chunk_start + chunk), CHUNK)
@@ -83,14 +106,17 @@ def _adamw_chunk(p_base, g_base, m_base, v_base,             # the first tensor 
     g_ptr = g_base + tl.multiple_of(tl.load(g_off + tensor), 4)
     m_ptr = m_base + tl.multiple_of(tl.load(m_off + tensor), 4)
     v_ptr = v_base + tl.multiple_of(tl.load(v_off + tensor), 4)
+    w_ptr = w_base
+    if COPY:
+        w_ptr = w_base + tl.multiple_of(tl.load(w_off + tensor), 4)
     for first in range(start, full_end, BLOCK):
-        _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, first + tl.arange(0, BLOCK), end, decay,
-                     beta2, one_minus_beta1, one_minus_beta2, step_size, bias2_sqrt, eps,
-                     MASKED=False)
+        _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, first + tl.arange(0, BLOCK), end,
+                     decay, beta2, one_minus_beta1, one_minus_beta2, step_size, bias2_sqrt, eps,
+                     MASKED=False, COPY=COPY)
     if full_end < end:  # the tensor's last chunk, when its size is no multiple of BLOCK
-        _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, full_end + tl.arange(0, BLOCK), end, decay,
-                     beta2, one_minus_beta1, one_minus_beta2, step_size, bias2_sqrt, eps,
-                     MASKED=True)
+        _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, full_end + tl.arange(0, BLOCK), end,
+                     decay, beta2, one_minus_beta1, one_minus_beta2, step_size, bias2_sqrt, eps,
+                     MASKED=True, COPY=COPY)
 
 
 def check_fusable(*tensors: torch.Tensor) -> None:
@@ -121,31 +147,39 @@ def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
 @dataclass
 class Plan:
     """What one launch keeps between steps: its parameters and moments (one dtype each, one
-    device), and on the device their offsets, sizes and chunk table."""
+    device), the parameters' working copies where they have them, and on the device their
+    offsets, sizes and chunk table."""
 
     params: list[torch.Tensor]
     exp_avgs: list[torch.Tensor]
     exp_avg_sqs: list[torch.Tensor]
+    copies: list[torch.Tensor] | None = None  # written from params after each update
     chunk: int = CHUNK
 
     def __post_init__(self):
-        check_fusable(*self.params, *self.exp_avgs, *self.exp_avg_sqs)
-        if len({t.dtype for t in self.params}) != 1:
-            raise ValueError("one launch takes one parameter dtype")
+        copies = self.copies or []
+        check_fusable(*self.params, *self.exp_avgs, *self.exp_avg_sqs, *copies)
+        if len({t.dtype for t in self.params}) != 1 or len({t.dtype for t in copies}) > 1:
+            raise ValueError("one launch takes one parameter dtype and one copy dtype")
+        if copies and [c.shape for c in copies] != [p.shape for p in self.params]:
+            raise ValueError("each working copy must have its parameter's shape")
         numels = [p.numel() for p in self.params]
         chunks = [(i, start) for i, n in enumerate(numels) for start in range(0, n, self.chunk)]
-        table = _to_device(_offsets(self.params) + _offsets(self.exp_avgs)
-                           + _offsets(self.exp_avg_sqs) + numels + [i for i, _ in chunks]
-                           + [start for _, start in chunks], self.params[0].device)
-        n = len(self.params)
-        self.p_off, self.m_off, self.v_off, self.numels = table[:4 * n].view(4, n)
-        self.chunk_tensor, self.chunk_start = table[4 * n:].view(2, len(chunks))
-        self.key = self.describe(self.params, self.exp_avgs, self.exp_avg_sqs)
+        kinds = [self.params, self.exp_avgs, self.exp_avg_sqs, *([copies] if copies else [])]
+        table = _to_device([o for tensors in kinds for o in _offsets(tensors)] + numels
+                           + [i for i, _ in chunks] + [start for _, start in chunks],
+                           self.params[0].device)
+        n, k = len(self.params), len(kinds)
+        self.p_off, self.m_off, self.v_off, *w_off = table[:k * n].view(k, n)
+        self.w_off = w_off[0] if w_off else self.p_off  # a placeholder without copies
+        self.numels = table[k * n:(k + 1) * n]
+        self.chunk_tensor, self.chunk_start = table[(k + 1) * n:].view(2, len(chunks))
+        self.key = self.describe(self.params, self.exp_avgs, self.exp_avg_sqs, copies)
 
     @staticmethod
-    def describe(params, exp_avgs, exp_avg_sqs) -> tuple:
+    def describe(*tensor_lists) -> tuple:
         """What makes a plan stale: the tensors' addresses and sizes."""
-        return tuple((t.data_ptr(), t.numel()) for t in (*params, *exp_avgs, *exp_avg_sqs))
+        return tuple((t.data_ptr(), t.numel()) for tensors in tensor_lists for t in tensors)
 
     def step(self, grads: list[torch.Tensor], *, step: int, lr: float, beta1: float,
              beta2: float, eps: float, weight_decay: float, block: int = BLOCK,
@@ -160,12 +194,14 @@ class Plan:
         if len({g.dtype for g in grads}) != 1:
             raise ValueError("one launch takes one gradient dtype")
         g_off = _to_device(_offsets(grads), grads[0].device)
+        copies = self.copies or self.params  # without copies: a placeholder, never written
         _adamw_chunk[(self.chunk_tensor.numel(),)](
-            self.params[0], grads[0], self.exp_avgs[0], self.exp_avg_sqs[0], self.p_off, g_off,
-            self.m_off, self.v_off, self.numels, self.chunk_tensor, self.chunk_start,
+            self.params[0], grads[0], self.exp_avgs[0], self.exp_avg_sqs[0], copies[0],
+            self.p_off, g_off, self.m_off, self.v_off, self.w_off, self.numels,
+            self.chunk_tensor, self.chunk_start,
             1.0 - lr * weight_decay, beta2, 1.0 - beta1, 1.0 - beta2, lr / (1 - beta1**step),
             math.sqrt(1 - beta2**step), eps, CHUNK=self.chunk, BLOCK=block,
-            num_warps=num_warps)
+            COPY=bool(self.copies), num_warps=num_warps)
 
 
 def adamw_step(params: list[torch.Tensor], grads: list[torch.Tensor],
@@ -185,7 +221,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class FusedAdamW(AdamW):
     """`AdamW` (same hyperparameters, same update) as one fused Triton pass per parameter
     group and dtype: no temporaries, one launch per step for each. Gradients may be of a lower
-    precision than the parameters (bf16 gradients of fp32 masters, where torch allows them)."""
+    precision than the parameters (bf16 gradients of fp32 masters, where torch allows them);
+    with `hold_masters`, parameters are bf16 working copies of fp32 masters kept here."""
 
     def __init__(self, params: Iterable, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
@@ -193,15 +230,55 @@ class FusedAdamW(AdamW):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self._plans: dict[tuple, Plan] = {}
 
+    @torch.no_grad()
+    def hold_masters(self, params: Iterable[torch.Tensor], dtype: torch.dtype) -> None:
+        """Make each of `params` (fp32 parameters of this optimizer) a `dtype` working copy of
+        itself: its fp32 value moves into this optimizer's state (`master`, which the update
+        steps, as do the moments), the parameter is cast to `dtype` in place (its round to
+        nearest), and each step writes it again from the updated master, in the same pass.
+
+        Under autocast to `dtype`, a matmul's weight is then used as it is rather than cast
+        down each forward, and its gradient arrives in `dtype` rather than cast up each
+        backward; both casts were exact functions of the master and of the gradient, so the
+        update is the same (tests/kernels/test_adamw_kernel.py checks it bit for bit). Only
+        weights that autocast casts belong here (a matmul's, not a norm's or an embedding's,
+        which autocast leaves in fp32)."""
+        known = {p for group in self.param_groups for p in group["params"]}
+        for p in params:
+            if p not in known:
+                raise ValueError("hold_masters takes parameters of this optimizer")
+            if hasattr(p, "to_local"):
+                raise ValueError("hold_masters takes plain tensors, not sharded ones")
+            if p.dtype != torch.float32:
+                raise ValueError(f"a master is the fp32 parameter; got one of {p.dtype}")
+            if self.state[p]:
+                raise ValueError("hold_masters comes before the first step")
+            self.state[p]["master"] = p.detach().clone()
+            p.data = p.data.to(dtype)
+        self._plans.clear()
+
+    def _stepped_state(self, p: torch.Tensor) -> dict:
+        """As `AdamW`'s, the moments shaped and typed as the master where `p` has one."""
+        state = self.state[p]
+        if "step" not in state:
+            like = state.get("master", p)
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(like, memory_format=torch.contiguous_format)
+            state["exp_avg_sq"] = torch.zeros_like(like, memory_format=torch.contiguous_format)
+        state["step"] += 1
+        return state
+
     def _update_group(self, group: dict, params: list[torch.Tensor]) -> None:
         """`AdamW.step` calls this for each group's parameters that have gradients: one launch
-        per (parameter dtype, gradient dtype, device, step count)."""
+        per (parameter dtype, gradient dtype, device, masters or not, step count)."""
         by_kind: dict[tuple, list[torch.Tensor]] = {}
         for p in params:
             if p.grad.is_sparse:
                 raise ValueError("FusedAdamW does not take sparse gradients")
-            step = self._stepped_state(p)["step"]
-            by_kind.setdefault((id(group), p.dtype, p.grad.dtype, p.device, step), []).append(p)
+            state = self._stepped_state(p)
+            kind = (id(group), p.dtype, p.grad.dtype, p.device, "master" in state,
+                    state["step"])
+            by_kind.setdefault(kind, []).append(p)
         beta1, beta2 = group["betas"]
         for kind, ps in by_kind.items():
             grads = [_local(p.grad) for p in ps]
@@ -213,9 +290,13 @@ class FusedAdamW(AdamW):
         """The kept plan of these parameters, or a new one where they or their state moved."""
         exp_avgs = [_local(self.state[p]["exp_avg"]) for p in params]
         exp_avg_sqs = [_local(self.state[p]["exp_avg_sq"]) for p in params]
+        copies = None
+        if kind[-2]:  # working copies: the update steps the masters and writes the copies
+            params, copies = [self.state[p]["master"] for p in params], params
         params = [_local(p) for p in params]
         key = kind[:-1]  # the step count changes every step; the tensors do not
         plan = self._plans.get(key)
-        if plan is None or plan.key != Plan.describe(params, exp_avgs, exp_avg_sqs):
-            plan = self._plans[key] = Plan(params, exp_avgs, exp_avg_sqs)
+        if plan is None or plan.key != Plan.describe(params, exp_avgs, exp_avg_sqs,
+                                                     copies or []):
+            plan = self._plans[key] = Plan(params, exp_avgs, exp_avg_sqs, copies)
         return plan

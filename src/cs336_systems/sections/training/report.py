@@ -133,6 +133,23 @@ def _step_speedup(a: pd.Series, b: pd.Series) -> dict | None:
     return speedup(a["ms_mean"], b["ms_mean"], a["ms_std"], b["ms_std"])
 
 
+def _twin_gains(ok: pd.DataFrame, lever: str, without: str) -> list[dict]:
+    """Each measured run whose name holds `lever` beside its twin (the name with `without` in
+    its place), where the twin was measured too: the speedup and the peaks' difference."""
+    gains = []
+    for run in ok.index:
+        twin = run.replace(lever, without)
+        if lever in run and twin in ok.index:
+            peak = ok.loc[twin, "peak_gib"] - ok.loc[run, "peak_gib"]
+            gains.append({"run": RUNS[run].label, "twin": RUNS[twin].label,
+                          "ms": number(ok.loc[run, "ms_median"]),
+                          "twin_ms": number(ok.loc[twin, "ms_median"]),
+                          "speedup": _step_speedup(ok.loc[run], ok.loc[twin]),
+                          "peak_gib": number(abs(peak)),
+                          "peak_word": "lower" if peak > 0 else "higher"})
+    return gains
+
+
 def training_facts(frame: pd.DataFrame) -> list[dict]:
     out = []
     for size, group in frame.groupby("size", sort=False):
@@ -159,15 +176,9 @@ def training_facts(frame: pd.DataFrame) -> list[dict]:
                     "ms": number(ok.loc[reference, "ms_median"]),
                     "ratio": number(ok.loc[best, "ms_median"] / ok.loc[reference, "ms_median"]),
                     "speedup": _step_speedup(ok.loc[best], ok.loc[reference])}
-        fused_gain = []
-        for run in ok.index:
-            twin = run.replace("-fused", "-adamw")
-            if "-fused" in run and twin in ok.index:
-                peak = ok.loc[twin, "peak_gib"] - ok.loc[run, "peak_gib"]
-                fused_gain.append({"run": RUNS[run].label, "twin": RUNS[twin].label,
-                                   "speedup": _step_speedup(ok.loc[run], ok.loc[twin]),
-                                   "peak_gib": number(abs(peak)),
-                                   "peak_word": "lower" if peak > 0 else "higher"})
+        # what one lever buys: each run beside its twin without it, in the same matrix
+        fused_gain = _twin_gains(ok, "-fused", "-adamw")
+        masters_gain = _twin_gains(ok, "-bf16w", "")
         out.append({
             "size": size, "ceiling_tflops": ceiling,
             "table": to_markdown(shown),
@@ -176,7 +187,7 @@ def training_facts(frame: pd.DataFrame) -> list[dict]:
                 "tflops": number(ok.loc[best, "tflops"]),
                 "ceiling_share": number(ok.loc[best, "tflops"] / ceiling) if ceiling else None,
                 "peak_gib": number(ok.loc[best, "peak_gib"])},
-            "against": against, "fused_gain": fused_gain,
+            "against": against, "fused_gain": fused_gain, "masters_gain": masters_gain,
             "not_measured": not_ok(group, ["label"])})
     return out
 

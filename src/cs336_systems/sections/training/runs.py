@@ -1,7 +1,9 @@
 """The training steps the section puts side by side, each defined once: which model, attention,
 optimizer and compilation. Ours in every combination of attention (SDPA, our FA2), optimizer
 (AdamW written out, fused) and compilation, and compiled into CUDA graphs with the fused
-optimizer; the stock parts a user would assemble instead: our
+optimizer, also with the matmul weights held as bf16 copies of fp32 masters that the fused
+optimizer keeps (`lm.build.hold_master_weights`); the stock parts a user would assemble
+instead: our
 model with torch's fused AdamW and SDPA's cuDNN attention, compiled, and Hugging Face's Llama
 of the same shape with torch's fused AdamW, eager and compiled.
 """
@@ -22,6 +24,7 @@ class TrainingRun:
     compile: bool
     stock: bool = False  # what a user would run instead of ours
     graphs: bool = False  # compiled with mode "reduce-overhead": graphs replayed as CUDA graphs
+    master_weights: bool = False  # matmul weights as bf16 copies, fp32 masters in the optimizer
 
     @property
     def label(self) -> str:
@@ -29,7 +32,8 @@ class TrainingRun:
         attention = "SDPA" if self.model == "hf-llama" else attention_label(self.attention)
         compiled = ", compiled, CUDA graphs" if self.graphs else ", compiled" if self.compile \
             else ""
-        return f"{model}, {attention}, {optimizer_label(self.optimizer)}{compiled}"
+        masters = ", bf16 weights of fp32 masters" if self.master_weights else ""
+        return f"{model}, {attention}, {optimizer_label(self.optimizer)}{masters}{compiled}"
 
     def modules(self) -> list[str]:
         """Package modules the run imports lazily (its rule's sources)."""
@@ -47,6 +51,9 @@ RUNS: dict[str, TrainingRun] = {
        for a, attention in (("sdpa", "sdpa"), ("fa2", "flash-triton"))
        for o, optimizer in (("adamw", "adamw"), ("fused", "adamw-fused"))},
     **{f"ours-{a}-fused-graphs": TrainingRun("ours", attention, "adamw-fused", True, graphs=True)
+       for a, attention in (("sdpa", "sdpa"), ("fa2", "flash-triton"))},
+    **{f"ours-{a}-fused-bf16w-graphs": TrainingRun("ours", attention, "adamw-fused", True,
+                                                   graphs=True, master_weights=True)
        for a, attention in (("sdpa", "sdpa"), ("fa2", "flash-triton"))},
     "stock-compiled": TrainingRun("ours", "sdpa-cudnn", "torch-adamw-fused", True, stock=True),
     "hf-llama": TrainingRun("hf-llama", "sdpa", "torch-adamw-fused", False, stock=True),

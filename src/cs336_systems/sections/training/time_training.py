@@ -8,7 +8,8 @@ Times `--measure-steps` steps after `--warmup-steps` (compilation happens in the
 the timing harness, each phase on its own (`step_ms_*`, `optimizer_ms_*`, ...), then three
 times `--measure-steps` whole steps back to back, as a training loop runs them
 (`loop_step_ms_*`: the step time the report compares), all under autocast to `--precision`
-(fp32 weights and optimizer state). The
+(fp32 weights and optimizer state; a run with `master_weights` holds its matmul weights as
+bf16 copies of fp32 masters kept by the fused optimizer). The
 record has each phase's times, the peak memory, the model FLOPs of a step (3x the forward's
 matmuls) and the rate of a large bf16 matrix product measured in the same process, against
 which the report puts the step's rate. A run this machine cannot take (Hugging Face's
@@ -63,7 +64,7 @@ def build_step(run: TrainingRun, config: dict, device: torch.device):
     if run.model == "ours":
         return build_lm_step({**config, "attention": run.attention, "optimizer": run.optimizer,
                               "compile": run.compile, "compile_mode": compile_mode(run),
-                              "mode": MODE}, device)
+                              "master_weights": run.master_weights, "mode": MODE}, device)
     torch.manual_seed(config["seed"])
     model = build_hf_llama(config["size"], config["context_length"], device)
     optimizer = build_optimizer(run.optimizer, model.parameters())
