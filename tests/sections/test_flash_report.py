@@ -337,3 +337,31 @@ def test_a_time_flat_in_the_problems_size_is_overhead_bound_and_left_out_of_the_
                                                  (2.0, 8.0, 32.0)), [])
     assert growing["overhead"]["count"] == 0
     assert growing["speedup_busy"]["eager"]["shapes"] == 3
+
+
+def test_the_leaderboard_names_the_backend_sdpa_chose_where_its_record_does(tmp_path):
+    def board(**sdpa_metrics):
+        return [_write(tmp_path, impl, 16, folder="board", compile=True,
+                       metrics={**_timed(1.0, 2.0), **(sdpa_metrics if impl == "sdpa" else {})})
+                for impl in ("flash-triton", "sdpa")]
+
+    def words(facts):
+        return " ".join(render(Section("flash").template, facts, link_base=tmp_path).split())
+
+    facts = _build(tmp_path, [], board(sdpa_backend="CUDNN_ATTENTION"))
+    assert facts["leaderboard"]["sdpa_backend"] == "cuDNN"
+    assert "torch SDPA in the same run (its default dispatch, which chose the cuDNN backend)" \
+        in words(facts)
+    facts = _build(tmp_path, [], board())  # a record from before the field
+    assert facts["leaderboard"]["sdpa_backend"] is None
+    assert "the record does not name the backend it chose" in words(facts)
+
+
+def test_an_sdpa_record_names_the_backend_its_dispatch_chose(tmp_path):
+    from cs336_systems.sections.flash import time_flash
+    out = tmp_path / "r.json"
+    time_flash.main(["--attention", "sdpa", "--seq", "16", "--d", "8", "--dtype", "fp32",
+                     "--device", "cpu", "--output", str(out)])
+    record = json.loads(out.read_text())
+    assert record["status"] == "ok"
+    assert record["metrics"]["sdpa_backend"] in flash.SDPA_BACKENDS

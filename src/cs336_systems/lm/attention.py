@@ -79,6 +79,15 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> 
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 
+def sdpa_choice(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> str:
+    """The backend `sdpa_attention`'s default dispatch picks for these inputs on this machine,
+    as SDPA names it ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")."""
+    from torch.nn.attention import SDPBackend
+    if q.dim() == 3:
+        q, k, v = q[:, None], k[:, None], v[:, None]
+    return SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=is_causal)).name
+
+
 def sdpa_flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
     """`sdpa_attention` pinned to SDPA's flash backend (FlashAttention-2 kernels in PyTorch).
 

@@ -33,7 +33,8 @@ from cs336_systems.sections.flash.targets import CLASS_BEST_MS, OURS
 
 PASSES = ["forward", "backward", "forward_backward"]
 CONFIG_COLUMNS = ["attention", "seq", "d", "dtype", "batch_size", "causal", "compile"]
-METRIC_COLUMNS = [f"{p}_ms" for p in PASSES] + [f"{p}_status" for p in PASSES] + ["peak_gib"]
+METRIC_COLUMNS = ([f"{p}_ms" for p in PASSES] + [f"{p}_status" for p in PASSES]
+                  + ["peak_gib", "sdpa_backend"])  # the backend unpinned SDPA chose
 TFLOPS_COLUMNS = [f"{p}_tflops" for p in PASSES]
 SHAPE_KEYS = ["d", "dtype", "seq"]
 # FLOPs of each pass as multiples of the forward's, and the share of the score matrix a causal
@@ -306,6 +307,22 @@ def is_assignment_case(shape: dict | None, assignment: dict) -> bool:
     return shape is not None and all(shape[k] == v for k, v in assignment_case(assignment).items())
 
 
+# SDPA's backends as its dispatch names them (lm.attention.sdpa_choice), in prose
+SDPA_BACKENDS = {"FLASH_ATTENTION": "flash", "CUDNN_ATTENTION": "cuDNN",
+                 "EFFICIENT_ATTENTION": "memory-efficient", "MATH": "math"}
+
+
+def sdpa_backend(board: pd.DataFrame) -> str | None:
+    """The backend unpinned SDPA's dispatch chose in the leaderboard case, where its record
+    names one (records before that field: None)."""
+    if "sdpa_backend" not in board.columns:
+        return None
+    chosen = board.set_index("attention")["sdpa_backend"].dropna()
+    if "sdpa" not in chosen.index:
+        return None
+    return SDPA_BACKENDS.get(chosen["sdpa"], chosen["sdpa"])
+
+
 def leaderboard_facts(board: pd.DataFrame, assignment: dict) -> dict:
     """The leaderboard case: its table, shape, Triton and SDPA times, their ratio, and Triton's
     time against the class's best entry (only where the shape is the assignment's)."""
@@ -323,6 +340,7 @@ def leaderboard_facts(board: pd.DataFrame, assignment: dict) -> dict:
         "do_bench": _ran_with_do_bench(board),
         "triton_ms": triton_ms,
         "sdpa_ms": sdpa_ms,
+        "sdpa_backend": sdpa_backend(board),
         # ratio = SDPA time / Triton time: above 1, Triton is faster
         "vs_sdpa": speedup(triton_ms, sdpa_ms),
         "class_best_ms": CLASS_BEST_MS,

@@ -7,7 +7,8 @@ Times forward, backward and forward+backward with `triton.testing.do_bench` (med
 `--attention` names an implementation of the attention registry (`cs336_systems.lm.attention`):
 `flash-triton` (our FlashAttention-2 kernels), `flash-pytorch` (our tiled PyTorch version),
 `eager` (softmax(q k^T / sqrt(d)) v in plain PyTorch ops), `sdpa` (torch's
-scaled_dot_product_attention) and `sdpa-flash` / `sdpa-cudnn` (SDPA pinned to one backend; a
+scaled_dot_product_attention, its record naming the backend SDPA's dispatch chose) and
+`sdpa-flash` / `sdpa-cudnn` (SDPA pinned to one backend; a
 backend that cannot run the inputs here records `skipped` with SDPA's reason). On a CPU the
 Triton kernels run under TRITON_INTERPRET=1, which `cs336_systems.kernels` sets where
 there is no CUDA device.
@@ -23,6 +24,7 @@ from cs336_systems.kernels.checks import MAX_HEAD_DIM  # on a CPU: TRITON_INTERP
 from cs336_systems.lm.attention import (
     ATTENTION_IMPLEMENTATIONS,
     get_attention,
+    sdpa_choice,
     unavailable_reason,
 )
 from cs336_systems.lm.precision import PRECISIONS
@@ -72,7 +74,9 @@ def measure(config: dict, device: torch.device) -> dict:
         "backward": backward,
         "forward_backward": lambda: benchmark_ms(forward_backward, device, grad_to_none=[q, k, v]),
     }
-    metrics: dict = {}
+    # unpinned SDPA: which backend its dispatch chose, so that a table can name it
+    metrics: dict = {"sdpa_backend": sdpa_choice(q, k, v, causal)} \
+        if config["attention"] == "sdpa" else {}
     for name, run in passes.items():  # an out-of-memory in one pass still leaves the others
         metrics.update(_measure_pass(name, run, device))
     if not any(key.endswith("_ms") for key in metrics):
