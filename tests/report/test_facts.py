@@ -28,6 +28,15 @@ def test_reason_is_the_exception_of_a_traceback_and_the_first_line_otherwise():
     assert reason("CUDA out of memory. Tried to allocate 2 GiB\nmore") == \
         "CUDA out of memory. Tried to allocate 2 GiB"
     assert reason(None) == "" and reason(float("nan")) == "nan"
+    # torch's out-of-memory: the failed allocation and the room, not its advice
+    oom = ("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB. "
+           "GPU 1 has a total capacity of 139.80 GiB of which 79.00 MiB is free. Including "
+           "non-PyTorch memory, this process has 139.71 GiB memory in use. Of the allocated "
+           "memory 138.09 GiB is allocated by PyTorch. If reserved but unallocated memory is "
+           "large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    assert reason(oom) == ("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to "
+                           "allocate 256.00 MiB. GPU 1 has a total capacity of 139.80 GiB of "
+                           "which 79.00 MiB is free")
 
 
 @pytest.mark.parametrize("statuses, status", [

@@ -74,13 +74,23 @@ def speedup(time: float, reference: float, time_std: float | None = None,
             "within_spread": within}
 
 
+# Where torch's CUDA out-of-memory message turns from this allocation to general advice
+_OOM_ADVICE = (" Including non-PyTorch memory", " Of the allocated memory",
+               " If reserved but unallocated")
+
+
 def reason(message) -> str:
     """The line of a record's message that says why: the last line of a traceback (the
-    exception), the first line of anything else; '' for none."""
+    exception), the first line of anything else; '' for none. Of a CUDA out-of-memory, the
+    allocation that failed and the device's room, without torch's advice after them."""
     lines = [line.strip() for line in str(message or "").splitlines() if line.strip()]
     if not lines:
         return ""
-    return lines[-1] if lines[0].startswith("Traceback") else lines[0]
+    line = lines[-1] if lines[0].startswith("Traceback") else lines[0]
+    cuts = [line.find(advice) for advice in _OOM_ADVICE if advice in line]
+    if "CUDA out of memory" in line and cuts:
+        line = line[:min(cuts)].rstrip(". ")  # the sentence around it ends it
+    return line
 
 
 def not_ok(rows: pd.DataFrame, keys: list[str]) -> list[dict]:
