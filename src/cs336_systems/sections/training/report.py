@@ -11,6 +11,7 @@ optimizer timed in one process, `time_optimizer.py`) and `training` (one per siz
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import pandas as pd
 
@@ -133,18 +134,23 @@ def _step_speedup(a: pd.Series, b: pd.Series) -> dict | None:
     return speedup(a["ms_mean"], b["ms_mean"], a["ms_std"], b["ms_std"])
 
 
-def _twin_gains(ok: pd.DataFrame, lever: str, without: str) -> list[dict]:
-    """Each measured run whose name holds `lever` beside its twin (the name with `without` in
-    its place), where the twin was measured too: the speedup and the peaks' difference."""
+def _twin_gains(ok: pd.DataFrame, lever: str, on: object, off: object) -> list[dict]:
+    """Each measured run with `lever` (a field of `TrainingRun`) at `on`, beside its twin: the
+    run that differs only in that field, set to `off`, where it was measured too. The speedup
+    and the peaks' difference."""
+    names = {run: name for name, run in RUNS.items()}
     gains = []
-    for run in ok.index:
-        twin = run.replace(lever, without)
-        if lever in run and twin in ok.index:
-            peak = ok.loc[twin, "peak_gib"] - ok.loc[run, "peak_gib"]
-            gains.append({"run": RUNS[run].label, "twin": RUNS[twin].label,
-                          "ms": number(ok.loc[run, "ms_median"]),
+    for name in ok.index:
+        run = RUNS.get(name)
+        if run is None or getattr(run, lever) != on:
+            continue
+        twin = names.get(replace(run, **{lever: off}))
+        if twin in ok.index:
+            peak = ok.loc[twin, "peak_gib"] - ok.loc[name, "peak_gib"]
+            gains.append({"run": run.label, "twin": RUNS[twin].label,
+                          "ms": number(ok.loc[name, "ms_median"]),
                           "twin_ms": number(ok.loc[twin, "ms_median"]),
-                          "speedup": _step_speedup(ok.loc[run], ok.loc[twin]),
+                          "speedup": _step_speedup(ok.loc[name], ok.loc[twin]),
                           "peak_gib": number(abs(peak)),
                           "peak_word": "lower" if peak > 0 else "higher"})
     return gains
@@ -177,8 +183,8 @@ def training_facts(frame: pd.DataFrame) -> list[dict]:
                     "ratio": number(ok.loc[best, "ms_median"] / ok.loc[reference, "ms_median"]),
                     "speedup": _step_speedup(ok.loc[best], ok.loc[reference])}
         # what one lever buys: each run beside its twin without it, in the same matrix
-        fused_gain = _twin_gains(ok, "-fused", "-adamw")
-        masters_gain = _twin_gains(ok, "-bf16w", "")
+        fused_gain = _twin_gains(ok, "optimizer", "adamw-fused", "adamw")
+        masters_gain = _twin_gains(ok, "master_weights", True, False)
         out.append({
             "size": size, "ceiling_tflops": ceiling,
             "table": to_markdown(shown),
