@@ -30,10 +30,11 @@ def facts(tmp_path_factory):
     flash_table = out / "flash.csv"
     flash.build({"records": sorted(map(str, (QUICK / "flash").glob("*.json"))),
                  "leaderboard": sorted(map(str, (QUICK / "flash_leaderboard").glob("*.json"))),
-                 "speed": sorted(map(str, (QUICK / "flash_speed").glob("*.json")))},
+                 "speed": sorted(map(str, (QUICK / "flash_speed").glob("*.json"))),
+                 "kernels": sorted(map(str, (QUICK / "flash_kernels").glob("*.json")))},
                 {"assignment": DEFAULTS["flash"]},
                 {"table": str(flash_table), "leaderboard_table": str(out / "board.csv"),
-                 "speed_table": str(out / "speed.csv"),
+                 "speed_table": str(out / "speed.csv"), "kernels_table": str(out / "k.csv"),
                  "latency_figure": str(out / "l.png"), "speedup_figure": str(out / "s.png")})
     compiled = sorted(map(str, (QUICK / "torch_compile").glob("*.json")))
     records = {"records": sorted(map(str, (QUICK / "attention").glob("*.json"))),

@@ -29,14 +29,17 @@ def _outputs(tmp_path: Path) -> dict[str, str]:
     return {"table": str(tmp_path / "tables/flash.csv"),
             "leaderboard_table": str(tmp_path / "tables/flash_leaderboard.csv"),
             "speed_table": str(tmp_path / "tables/flash_speed.csv"),
+            "kernels_table": str(tmp_path / "tables/flash_kernels.csv"),
             "latency_figure": str(tmp_path / "figures/flash_latency_vs_seq.png"),
             "speedup_figure": str(tmp_path / "figures/flash_speedup.png")}
 
 
 def _build(tmp_path: Path, records: list[str], board: list[str],
-           assignment: dict = ASSIGNMENT, speed: list[str] = ()) -> dict:
+           assignment: dict = ASSIGNMENT, speed: list[str] = (), kernels: list[str] = ()
+           ) -> dict:
     """build(), then its facts through JSON as the pipeline stores them."""
-    facts = flash.build({"records": records, "leaderboard": board, "speed": list(speed)},
+    facts = flash.build({"records": records, "leaderboard": board, "speed": list(speed),
+                         "kernels": list(kernels)},
                         {"assignment": assignment}, _outputs(tmp_path))
     write_facts(tmp_path / "flash.json", facts)
     return read_facts(tmp_path / "flash.json")

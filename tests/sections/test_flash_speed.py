@@ -302,13 +302,15 @@ def _outputs(tmp_path: Path) -> dict[str, str]:
     return {"table": str(tmp_path / "tables/flash.csv"),
             "leaderboard_table": str(tmp_path / "tables/flash_leaderboard.csv"),
             "speed_table": str(tmp_path / "tables/flash_speed.csv"),
+            "kernels_table": str(tmp_path / "tables/flash_kernels.csv"),
             "latency_figure": str(tmp_path / "figures/flash_latency_vs_seq.png"),
             "speedup_figure": str(tmp_path / "figures/flash_speedup.png")}
 
 
 def _facts(tmp_path: Path, speed: list[str], records: list[str] = (), board=()) -> dict:
     assignment = CONFIG["defaults"]["flash"]
-    facts = flash.build({"records": list(records), "leaderboard": list(board), "speed": speed},
+    facts = flash.build({"records": list(records), "leaderboard": list(board), "speed": speed,
+                         "kernels": []},
                         {"assignment": assignment}, _outputs(tmp_path))
     write_facts(tmp_path / "flash.json", facts)
     return read_facts(tmp_path / "flash.json")

@@ -1,6 +1,7 @@
 # flash_benchmarking (assignment 4.4): one job per (implementation, seq, d, dtype); the
 # leaderboard case (4.5, 2025) as one job per implementation; the speed targets as one job per
-# group; then the section's tables, figures and facts. Each job lists the kernel modules of its
+# group; a kernel-by-kernel profile as one job per shape; then the section's tables, figures
+# and facts. Each job lists the kernel modules of its
 # own implementations as sources, so editing kernels/flash_triton.py redoes the jobs that run
 # flash-triton and nothing else.
 
@@ -17,6 +18,9 @@ FLASH_RECORDS = expand(FLASH_RECORD, attention=FLASH["attention"], seq=FLASH["se
 LEADERBOARD_RECORDS = expand(LEADERBOARD_RECORD, attention=LEADERBOARD["attention"])
 SPEED_RECORD = f"{RESULTS}/flash_speed/{{group}}.json"
 SPEED_RECORDS = expand(SPEED_RECORD, group=GROUPS)
+KERNELS = FLASH["kernels"]
+KERNELS_RECORD = f"{RESULTS}/flash_kernels/{{shape}}.json"
+KERNELS_RECORDS = expand(KERNELS_RECORD, shape=KERNELS["shapes"])
 FLASH_CATEGORY = "4 FlashAttention-2"
 
 
@@ -100,11 +104,38 @@ rule flash_speed:
         JOB_SCRIPT
 
 
+# Where forward+backward time goes, kernel by kernel: ours (and its atomic-dQ variant) beside
+# SDPA's cuDNN and flash backends, profiled in one process per shape.
+rule flash_kernels:
+    input:
+        sources("cs336_systems.sections.flash.kernel_profile", "cs336_systems.kernels.launch",
+                *attention_modules("flash-triton")),
+    output:
+        KERNELS_RECORD,
+    log:
+        log_for(KERNELS_RECORD),
+    wildcard_constraints:
+        shape=r"\d+x\d+x\d+",
+    params:
+        job="experiment",
+        cli="cs336_systems.sections.flash.kernel_profile",
+        args=lambda wildcards: {"shape": wildcards.shape, "dtype": KERNELS["dtype"],
+                                "causal": FLASH["causal"], "steps": KERNELS["steps"],
+                                "device": DEVICE},
+    resources:
+        **measuring_job(),
+    conda:
+        SOFTWARE
+    script:
+        JOB_SCRIPT
+
+
 rule flash_tables:
     input:
         records=FLASH_RECORDS,
         leaderboard=LEADERBOARD_RECORDS,
         speed=SPEED_RECORDS,
+        kernels=KERNELS_RECORDS,
         code=sources("cs336_systems.sections.flash.report"),
     output:
         facts=facts("flash"),
@@ -114,6 +145,8 @@ rule flash_tables:
                                  category=FLASH_CATEGORY),
         speed_table=report(table("flash_speed"), caption=caption("flash_speed"),
                            category=FLASH_CATEGORY),
+        kernels_table=report(table("flash_kernels"), caption=caption("flash_kernels"),
+                             category=FLASH_CATEGORY),
         latency_figure=report(figure("flash_latency_vs_seq"),
                               caption=caption("flash_latency_vs_seq"),
                               category=FLASH_CATEGORY),

@@ -1,6 +1,7 @@
 """FlashAttention-2 (assignment §4): the flash_benchmarking and leaderboard tables, figures and
-facts, from the records of `cs336_systems.sections.flash.time_flash`, and the speed targets' table
-(`report/flash_speed.py`, from the records of `experiments/flash_speed.py`).
+facts, from the records of `cs336_systems.sections.flash.time_flash`, the speed targets' table
+(`speed_table`, from the records of `time_targets`) and the kernel profile (`kernel_table`,
+from the records of `kernel_profile`).
 
 `build` is the section's entry point (`cs336_systems.pipeline.jobs.section_tables`); its facts are
 rendered by `templates/flash.md.j2`. `options["assignment"]` is the assignment's own matrix (the
@@ -28,7 +29,7 @@ from cs336_systems.report.tables import (
     to_markdown,
     write_table,
 )
-from cs336_systems.sections.flash import speed_table
+from cs336_systems.sections.flash import kernel_table, speed_table
 from cs336_systems.sections.flash.targets import CLASS_BEST_MS, OURS
 
 PASSES = ["forward", "backward", "forward_backward"]
@@ -388,6 +389,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     write_table(table, outputs["table"])
     write_table(board, outputs["leaderboard_table"])
     write_table(speed, outputs["speed_table"])
+    write_table(kernel_table.kernels_table(records["kernels"]), outputs["kernels_table"])
     latency_figure(table, outputs["latency_figure"])
     speedup_figure(table, outputs["speedup_figure"])
 
@@ -401,6 +403,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "flops": {"pass_factors": PASS_FLOPS, "causal_fraction": CAUSAL_FRACTION},
         "speed": {**speed_table.speed_facts(speed, records["speed"]),
                   "csv": outputs["speed_table"]},
+        "kernels": kernel_table.kernel_facts(records["kernels"], outputs["kernels_table"]),
         "coverage": coverage(table, board, assignment),
         "flash_label": attention_label(FLASH),
         "batch_size": _only(table["batch_size"]),

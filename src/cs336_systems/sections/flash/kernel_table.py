@@ -1,0 +1,194 @@
+"""The flash section's kernel profile: where one forward+backward spends its GPU time, from the
+records of `flash.kernel_profile` (one per shape).
+
+Two views of each record. By kernel (the CSV): each kernel's device milliseconds a step (median
+over the profiled steps, with their standard deviation), the matmul units it executes and at
+what rate (ours only), and what its compiled binary asks of a multiprocessor. By pass (the
+text): each variant's forward and backward, the rate of the work the pass needs, and for ours
+the work it executes. The facts then answer why ours is slower or faster than cuDNN: whether
+its kernels do more work or do it more slowly, what the deterministic backward's recomputation
+costs (predicted from its executed rate) and what dropping it measured (the atomic-dQ variant).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from cs336_systems.pipeline.records import read_record
+from cs336_systems.report.facts import reason, speedup
+from cs336_systems.report.render import fmt
+from cs336_systems.report.tables import to_markdown
+from cs336_systems.sections.flash.kernel_profile import NEEDED, VARIANTS, variant_label
+
+OURS, ATOMIC, REFERENCE = "flash-triton", "flash-triton-atomic-dq", "sdpa-cudnn"
+KEY_TILE_KERNEL = "flash_bwd_kernel"  # ours whose work changes with atomic dQ
+PASSES = ("forward", "backward")
+KERNEL_COLUMNS = ["shape", "variant", "label", "kernel", "pass", "calls_per_step", "ms", "ms_std",
+                  "matmul_units", "executed_tflops", "warps", "registers", "spills",
+                  "shared_kib", "programs_per_sm", "limited_by", "status", "reason", "commit",
+                  "device"]
+
+
+def _shape(record: dict) -> str:
+    return "x".join(map(str, record["config"]["shape"]))
+
+
+def _median_std(values: list[float]) -> tuple[float, float | None]:
+    return statistics.median(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def _binary_name(variant: str, kernel: str) -> str:
+    return kernel + ("[atomic dQ]" if VARIANTS[variant][1] and kernel == KEY_TILE_KERNEL else "")
+
+
+def _base(record: dict) -> dict:
+    return {"shape": _shape(record), "commit": record["env"].get("git"),
+            "device": record["env"].get("gpu") or record["env"].get("device")}
+
+
+def kernel_rows(records: list[dict]) -> list[dict]:
+    """One row per (shape, variant, kernel); a record that did not end `ok` gives one row with
+    its status and reason."""
+    rows = []
+    for record in records:
+        base = _base(record)
+        if record["status"] != "ok":
+            rows.append({**base, "status": record["status"],
+                         "reason": reason(record.get("message"))})
+            continue
+        metrics = record["metrics"]
+        steps = len(record["metrics"]["kernels"][0]["step_ms"]) if metrics["kernels"] else 1
+        for entry in metrics["kernels"]:
+            ms, std = _median_std(entry["step_ms"])
+            units = entry["matmul_units"]
+            binary = metrics["binaries"].get(_binary_name(entry["variant"], entry["kernel"]), {})
+            rows.append({**base, "variant": entry["variant"],
+                         "label": variant_label(entry["variant"]), "kernel": entry["kernel"],
+                         "pass": entry["pass"], "calls_per_step": entry["calls"] / steps,
+                         "ms": ms, "ms_std": std, "matmul_units": units,
+                         "executed_tflops": (units * metrics["unit_tflop"] / (ms / 1e3)
+                                             if units else None),
+                         **binary, "status": "ok", "reason": ""})
+        for entry in metrics["variants"]:
+            if entry["status"] != "ok":
+                rows.append({**base, "variant": entry["variant"],
+                             "label": variant_label(entry["variant"]), "status": entry["status"],
+                             "reason": reason(entry.get("message"))})
+    return rows
+
+
+def kernels_table(record_paths: list[str]) -> pd.DataFrame:
+    return pd.DataFrame(kernel_rows([read_record(p) for p in record_paths]),
+                        columns=KERNEL_COLUMNS)
+
+
+def pass_rows(record: dict) -> dict[tuple[str, str], dict]:
+    """(variant, pass) -> its device ms a step (median and std over the steps, each step the sum
+    of the pass's kernels), the rate of the work it needs and, for ours, of what it executes."""
+    metrics = record["metrics"]
+    unit_tflop = metrics["unit_tflop"]
+    out = {}
+    for variant in VARIANTS:
+        for pass_name in PASSES:
+            entries = [e for e in metrics["kernels"]
+                       if e["variant"] == variant and e["pass"] == pass_name]
+            if not entries:
+                continue
+            ms, std = _median_std([sum(steps) for steps in zip(*(e["step_ms"] for e in entries))])
+            units = [e["matmul_units"] for e in entries]
+            executed = sum(units) if None not in units else None
+            out[variant, pass_name] = {
+                "variant": variant, "label": variant_label(variant), "pass": pass_name,
+                "ms": ms, "std": std, "needed_units": NEEDED[pass_name],
+                "needed_tflops": NEEDED[pass_name] * unit_tflop / (ms / 1e3),
+                "executed_units": executed,
+                "executed_tflops": executed * unit_tflop / (ms / 1e3) if executed else None}
+    return out
+
+
+def passes_display(passes: dict) -> pd.DataFrame:
+    rows = [{"implementation": p["label"], "pass": p["pass"],
+             "device ms a step": fmt(p["ms"], 3) + (f" ± {fmt(p['std'], 3)}" if p["std"] else ""),
+             "TFLOP/s of the work needed": fmt(p["needed_tflops"], 0),
+             "matmul units executed (needed)": (f"{p['executed_units']} ({p['needed_units']})"
+                                                if p["executed_units"] is not None
+                                                else f"({p['needed_units']})"),
+             "TFLOP/s executed": fmt(p["executed_tflops"], 0)}
+            for p in passes.values()]
+    return pd.DataFrame(rows)
+
+
+def _compare(passes: dict, a: str, b: str, pass_name: str) -> dict | None:
+    """How variant a's pass compares with variant b's: `speedup` (ratio = b / a), with the
+    steps' spread."""
+    if (a, pass_name) not in passes or (b, pass_name) not in passes:
+        return None
+    x, y = passes[a, pass_name], passes[b, pass_name]
+    return speedup(x["ms"], y["ms"], x["std"], y["std"])
+
+
+def recompute_facts(passes: dict, binaries: dict) -> dict | None:
+    """What the deterministic backward's recomputation costs: at the rate its kernels execute,
+    the needed units alone would take `predicted_ms` (prediction); the atomic-dQ variant,
+    which executes only those, measured `atomic_ms`."""
+    ours = passes.get((OURS, "backward"))
+    if ours is None or not ours["executed_units"]:
+        return None
+    predicted = ours["ms"] * ours["needed_units"] / ours["executed_units"]
+    reference = passes.get((REFERENCE, "backward"))
+    atomic = passes.get((ATOMIC, "backward"))
+    return {"extra_units": ours["executed_units"] - ours["needed_units"],
+            "executed_units": ours["executed_units"], "needed_units": ours["needed_units"],
+            "ours_ms": ours["ms"], "predicted_ms": predicted,
+            "predicted_vs_reference": speedup(predicted, reference["ms"]) if reference else None,
+            "atomic_ms": atomic["ms"] if atomic else None,
+            "atomic_vs_ours": _compare(passes, ATOMIC, OURS, "backward"),
+            "atomic_over_predicted": atomic["ms"] / predicted if atomic else None,
+            "key_kernel": binaries.get(KEY_TILE_KERNEL),
+            "atomic_key_kernel": binaries.get(KEY_TILE_KERNEL + "[atomic dQ]")}
+
+
+def backward_gap(backward: dict | None, rates: dict | None) -> str | None:
+    """Why ours's backward is slower than cuDNN's, where it is (beyond the spread): `work`
+    when its kernels execute matmuls at least as fast as cuDNN does the needed ones (so the
+    extra units are the gap), `rate` when they execute them more slowly too; None where ours is
+    not slower or the comparison is missing."""
+    if backward is None or rates is None or backward["word"] != "slower" \
+            or backward["within_spread"]:
+        return None
+    return "work" if rates["ratio"] >= 1 else "rate"
+
+
+def shape_facts(record: dict) -> dict:
+    base = _base(record)
+    if record["status"] != "ok":
+        return {**base, "status": record["status"], "reason": reason(record.get("message"))}
+    passes = pass_rows(record)
+    ours_bwd, ref_bwd = passes.get((OURS, "backward")), passes.get((REFERENCE, "backward"))
+    rates = None
+    if ours_bwd and ref_bwd and ours_bwd["executed_tflops"]:
+        # the rate ours executes its backward's matmuls at, against the rate cuDNN does the
+        # work the pass needs (ratio = ours / cuDNN; above 1, ours runs its tensor cores faster)
+        ratio = ours_bwd["executed_tflops"] / ref_bwd["needed_tflops"]
+        rates = {"ours": ours_bwd["executed_tflops"], "reference": ref_bwd["needed_tflops"],
+                 "ratio": ratio, "word": "higher" if ratio > 1 else "lower"}
+    backward = _compare(passes, OURS, REFERENCE, "backward")
+    return {**base, "status": "ok",
+            "table": to_markdown(passes_display(passes)),
+            "forward": _compare(passes, OURS, REFERENCE, "forward"),
+            "backward": backward, "gap": backward_gap(backward, rates),
+            "rates": rates, "recompute": recompute_facts(passes, record["metrics"]["binaries"]),
+            "steps": len(record["metrics"]["kernels"][0]["step_ms"])
+            if record["metrics"]["kernels"] else 0,
+            "skipped": [{"label": variant_label(v["variant"]), "reason": reason(v.get("message"))}
+                        for v in record["metrics"]["variants"] if v["status"] != "ok"]}
+
+
+def kernel_facts(record_paths: list[str], csv: str) -> dict:
+    records = [read_record(p) for p in record_paths]
+    return {"shapes": [shape_facts(r) for r in records], "csv": csv,
+            "ours_label": variant_label(OURS), "atomic_label": variant_label(ATOMIC),
+            "reference_label": variant_label(REFERENCE), "needed": NEEDED,
+            "commits": sorted({str(r["env"].get("git")) for r in records})}

@@ -1,0 +1,197 @@
+"""The flash section's kernel profile: the job on a CPU (skipped), and the report's facts and
+prose on synthetic records, each verdict recomputed here and flipped by records that break it."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+from support.checkout import ROOT
+
+from cs336_systems.pipeline.records import read_record
+from cs336_systems.report.facts import read_facts, write_facts
+from cs336_systems.report.render import render
+from cs336_systems.sections import Section
+from cs336_systems.sections.flash import kernel_profile, kernel_table
+from cs336_systems.sections.flash import report as flash
+
+UNIT_TFLOP = 0.55
+ASSIGNMENT = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["flash"]
+GPU_ENV = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "torch": "2.x", "triton": "3.x",
+           "git": "abc123"}
+BINARIES = {"flash_fwd_kernel": {"warps": 8, "registers": 178, "spills": 0, "shared_kib": 160.0,
+                                 "programs_per_sm": 1, "limited_by": "shared memory"},
+            "flash_bwd_kernel": {"warps": 4, "registers": 255, "spills": 0, "shared_kib": 97.0,
+                                 "programs_per_sm": 2, "limited_by": "registers"},
+            "flash_bwd_kernel[atomic dQ]": {"warps": 4, "registers": 255, "spills": 12,
+                                            "shared_kib": 129.0, "programs_per_sm": 1,
+                                            "limited_by": "shared memory"}}
+
+
+def _kernel(variant, kernel, step_ms, units=None):
+    return {"variant": variant, "kernel": kernel, "pass": kernel_profile.kernel_pass(kernel),
+            "calls": len(step_ms), "step_ms": list(step_ms), "matmul_units": units}
+
+
+def _steps(ms: float, jitter: float = 0.0) -> list[float]:
+    return [ms - jitter, ms, ms + jitter]
+
+
+def _write(tmp_path: Path, ours_bwd=(2.4, 3.6), atomic_key=6.0, cudnn=(1.7, 4.6),
+           jitter=0.0, shape="16x16384x128", status="ok", skipped=()) -> str:
+    """A kernel profile record: ours's dQ and key-tile kernels, the atomic variant's key-tile
+    kernel, cuDNN's forward and backward (plus its small dot(dO, O) kernel), SDPA flash's."""
+    dq, key = ours_bwd
+    kernels = [
+        _kernel("flash-triton", "flash_fwd_kernel", _steps(2.0, jitter), 2),
+        _kernel("flash-triton", "flash_bwd_dq_kernel", _steps(dq, jitter), 3),
+        _kernel("flash-triton", "flash_bwd_kernel", _steps(key, jitter), 4),
+        _kernel("flash-triton-atomic-dq", "flash_fwd_kernel", _steps(2.0, jitter), 2),
+        _kernel("flash-triton-atomic-dq", "flash_bwd_prepare_kernel", _steps(0.1, 0), 0),
+        _kernel("flash-triton-atomic-dq", "flash_bwd_kernel", _steps(atomic_key, jitter), 5),
+        _kernel("sdpa-cudnn", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop",
+                _steps(cudnn[0], jitter)),
+        _kernel("sdpa-cudnn", "cudnn_generated_fort_native_sdpa_sm90_flash_bprop",
+                _steps(cudnn[1], jitter)),
+        _kernel("sdpa-cudnn", "void cudnn::fusion::compute_dot_do_o_specialized",
+                _steps(0.1, 0)),
+        _kernel("sdpa-flash", "void pytorch_flash::flash_fwd_kernel<...>", _steps(3.4, jitter)),
+        _kernel("sdpa-flash", "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel",
+                _steps(8.6, jitter))]
+    variants = [{"variant": v, "status": "ok"} for v in kernel_profile.VARIANTS]
+    for v in skipped:
+        kernels = [k for k in kernels if k["variant"] != v]
+        variants = [x if x["variant"] != v else {"variant": v, "status": "skipped",
+                                                  "message": "no cuDNN here"} for x in variants]
+    record = {"section": "flash_kernels", "status": status, "env": GPU_ENV,
+              "config": {"shape": [int(x) for x in shape.split("x")], "dtype": "bf16",
+                         "causal": True, "steps": 3, "seed": 0},
+              "metrics": {"kernels": kernels, "variants": variants, "binaries": BINARIES,
+                          "unit_tflop": UNIT_TFLOP, "needed_units": kernel_profile.NEEDED}
+              if status == "ok" else {}}
+    if status != "ok":
+        record["message"] = "a profile of GPU kernels; this job runs on the CPU"
+    path = tmp_path / f"{shape}.json"
+    path.write_text(json.dumps(record))
+    return str(path)
+
+
+def _facts(tmp_path: Path, records: list[str]) -> dict:
+    outputs = {name: str(tmp_path / f"{name}.out") for name in
+               ("table", "leaderboard_table", "speed_table", "kernels_table")}
+    outputs.update(latency_figure=str(tmp_path / "l.png"), speedup_figure=str(tmp_path / "s.png"))
+    facts = flash.build({"records": [], "leaderboard": [], "speed": [], "kernels": records},
+                        {"assignment": ASSIGNMENT}, outputs)
+    write_facts(tmp_path / "flash.json", facts)
+    return read_facts(tmp_path / "flash.json")
+
+
+def _prose(tmp_path: Path, facts: dict) -> str:
+    text = render(Section("flash").template, facts, link_base=tmp_path)
+    return " ".join(text[text.index('<a id="flash_kernels">'):].split())
+
+
+def test_a_kernels_pass_is_read_from_its_name():
+    assert kernel_profile.kernel_pass("flash_fwd_kernel") == "forward"
+    assert kernel_profile.kernel_pass("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") \
+        == "forward"
+    for name in ("flash_bwd_kernel", "flash_bwd_dq_kernel", "flash_bwd_prepare_kernel",
+                 "cudnn_generated_fort_native_sdpa_sm90_flash_bprop",
+                 "void cudnn::fusion::convert_dq_to_16bits<true>"):
+        assert kernel_profile.kernel_pass(name) == "backward", name
+
+
+def test_the_job_records_skipped_on_a_cpu(tmp_path):
+    out = tmp_path / "r.json"
+    kernel_profile.main(["--shape", "1x32x16", "--dtype", "fp32", "--device", "cpu",
+                         "--output", str(out)])
+    record = read_record(out)
+    assert record["status"] == "skipped" and "GPU kernels" in record["message"]
+
+
+def test_pass_times_rates_and_the_recompute_prediction(tmp_path):
+    facts = _facts(tmp_path, [_write(tmp_path)])["kernels"]
+    (s,) = facts["shapes"]
+    ours_bwd, cudnn_bwd = 2.4 + 3.6, 4.6 + 0.1
+    executed = 7 * UNIT_TFLOP / (ours_bwd / 1e3)
+    needed = 5 * UNIT_TFLOP / (cudnn_bwd / 1e3)
+    assert s["rates"]["ours"] == pytest.approx(executed)
+    assert s["rates"]["reference"] == pytest.approx(needed)
+    assert s["rates"]["word"] == "higher" and s["gap"] == "work"
+    r = s["recompute"]
+    assert (r["executed_units"], r["needed_units"], r["extra_units"]) == (7, 5, 2)
+    assert r["predicted_ms"] == pytest.approx(ours_bwd * 5 / 7)
+    assert r["predicted_vs_reference"]["ratio"] == pytest.approx(cudnn_bwd / (ours_bwd * 5 / 7))
+    assert r["atomic_ms"] == pytest.approx(6.1)
+    assert r["atomic_over_predicted"] == pytest.approx(6.1 / (ours_bwd * 5 / 7))
+    assert r["atomic_vs_ours"]["word"] == "slower"
+    assert s["backward"]["ratio"] == pytest.approx(cudnn_bwd / ours_bwd)
+    assert s["forward"]["ratio"] == pytest.approx(1.7 / 2.0)
+    assert facts["commits"] == ["abc123"] and s["device"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_the_csv_has_each_kernel_with_its_rate_and_binary(tmp_path):
+    path = _write(tmp_path, jitter=0.05)
+    table = kernel_table.kernels_table([path])
+    key = table[(table["variant"] == "flash-triton") & (table["kernel"] == "flash_bwd_kernel")]
+    (row,) = key.to_dict("records")
+    assert row["ms"] == pytest.approx(3.6)
+    assert row["ms_std"] == pytest.approx(statistics.stdev(_steps(3.6, 0.05)))
+    assert row["executed_tflops"] == pytest.approx(4 * UNIT_TFLOP / 3.6e-3)
+    assert row["registers"] == 255 and row["programs_per_sm"] == 2
+    atomic = table[(table["variant"] == "flash-triton-atomic-dq")
+                   & (table["kernel"] == "flash_bwd_kernel")].iloc[0]
+    assert atomic["spills"] == 12 and atomic["programs_per_sm"] == 1
+    assert len(table) == 11
+
+
+def test_prose_says_the_gap_is_extra_work(tmp_path):
+    text = _prose(tmp_path, _facts(tmp_path, [_write(tmp_path)]))
+    assert "Backward: Triton FA2 is 1.28x slower than SDPA cuDNN" in text
+    assert "a higher rate than" in text
+    assert "So the backward's gap is the 2 recomputed units, not slower matmuls." in text
+    assert "alone would take 4.286 ms, 1.10x faster than SDPA cuDNN" in text
+    assert "took 6.100 ms, 1.42x the prediction, and is 1.02x slower than the deterministic" \
+        in text
+    assert "12 spilled" in text and "1 program(s) fit on a multiprocessor (limited by shared " \
+        "memory), against 2 of the deterministic one's" in text
+
+
+def test_prose_says_slower_matmuls_when_ours_runs_them_more_slowly(tmp_path):
+    facts = _facts(tmp_path, [_write(tmp_path, ours_bwd=(4.0, 5.0))])
+    assert facts["kernels"]["shapes"][0]["gap"] == "rate"
+    text = _prose(tmp_path, facts)
+    assert "a lower rate than" in text
+    assert "slower matmuls as well as the 2 recomputed units" in text
+
+
+def test_no_gap_where_ours_is_faster_or_tied(tmp_path):
+    faster = _facts(tmp_path / "a", [_write(_mkdir(tmp_path / "a"), cudnn=(2.5, 7.0))])
+    assert faster["kernels"]["shapes"][0]["gap"] is None
+    text = _prose(tmp_path / "a", faster)
+    assert "Backward: Triton FA2 is 1.18x faster than SDPA cuDNN" in text
+    assert "gap is" not in text
+    tied = _facts(tmp_path / "b", [_write(_mkdir(tmp_path / "b"), cudnn=(1.7, 5.95), jitter=0.1)])
+    s = tied["kernels"]["shapes"][0]
+    assert s["backward"]["within_spread"] and s["gap"] is None
+    assert "Backward: Triton FA2 is a tie with SDPA cuDNN" in _prose(tmp_path / "b", tied)
+
+
+def test_a_skipped_variant_and_a_skipped_record_are_said(tmp_path):
+    facts = _facts(tmp_path, [_write(tmp_path, skipped=["sdpa-cudnn"]),
+                              _write(tmp_path, shape="2x64x16", status="skipped")])
+    ok, cpu = facts["kernels"]["shapes"]
+    assert cpu["status"] == "skipped"
+    assert ok["backward"] is None and ok["recompute"]["predicted_vs_reference"] is None
+    text = _prose(tmp_path, facts)
+    assert "SDPA cuDNN did not run here: no cuDNN here." in text
+    assert "Not profiled, skipped: a profile of GPU kernels" in text
+    assert "Backward: Triton FA2 is" not in text
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
