@@ -608,18 +608,22 @@ def _forward_tiles(heads, n_queries, n_keys, d: int, dtype: torch.dtype, precisi
     return Tiles(block_m, block_n, warps if block_m > 64 else 4, stages)
 
 
-def _backward_tiles(heads, n_queries, n_keys, d: int, dtype: torch.dtype, precision: str
-                    ) -> tuple[Tiles, Tiles]:
+def _backward_tiles(heads, n_queries, n_keys, d: int, dtype: torch.dtype, precision: str,
+                    atomic: bool = False) -> tuple[Tiles, Tiles]:
     """The tiles of the key-tile kernel (query tiles inside a key tile) and of the dQ kernel
     (key tiles inside a query tile): each inner tile divides its outer one, so the causal band
     is whole inner tiles. 16-bit, from `scripts/sweep_flash.py` on an H100 (8 tile sets): the
     key-tile kernel fastest with 64 x 64 tiles and 4 warps, 3 stages at d 64 and 2 above; the
-    dQ kernel with 128 query rows over 64 keys, 8 warps and 3 stages (an H200 sweep)."""
+    dQ kernel with 128 query rows over 64 keys, 8 warps and 3 stages (an H200 sweep). With
+    atomic dQ the key-tile kernel also holds a dQ tile, and its fastest tiles were 64 query
+    rows over 128 keys with 8 warps and 3 stages at d 64 and 128 (an H100 sweep)."""
     if dtype == torch.float32 and precision == "ieee":
         side = 16 if d > 128 else 32
         keys = dq = Tiles(side, side, 4 if d <= 128 else 8, 2)
     elif dtype == torch.float32 or d > 128:
         keys = dq = Tiles(32, 32, 8 if d > 128 else 4, 2)
+    elif atomic:
+        keys, dq = Tiles(64, 128, 8, 3), Tiles(128, 64, 8, 3)
     else:
         keys, dq = Tiles(64, 64, 4, 3 if d <= 64 else 2), Tiles(128, 64, 8, 3)
     keys_n, dq_m = _tile(n_keys, keys.block_n), _tile(n_queries, dq.block_m)
@@ -759,7 +763,7 @@ class BackwardLaunches(NamedTuple):
 def _backward_launches(heads, n_queries, n_keys, d: int, dtype: torch.dtype, is_causal: bool,
                        precision: str, atomic: bool,
                        tiles: tuple[Tiles, Tiles] | None = None) -> BackwardLaunches:
-    keys, dq = tiles or _backward_tiles(heads, n_queries, n_keys, d, dtype, precision)
+    keys, dq = tiles or _backward_tiles(heads, n_queries, n_keys, d, dtype, precision, atomic)
     key_constants = _shape_constants(n_queries, n_keys, d, dtype, keys.block_m, keys.block_n,
                                      is_causal, precision)
     key_tiles = Launch((heads, triton.cdiv(n_keys, keys.block_n)),

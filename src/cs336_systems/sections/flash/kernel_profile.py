@@ -129,8 +129,8 @@ def profile_variants(shape, dtype: torch.dtype, causal: bool, steps: int,
         attend = get_attention(attention)
 
         def step(attend=attend, atomic=atomic):
-            with dq_by_atomic_adds(atomic):
-                attend(q, k, v, causal).backward(grad_o)
+            with dq_by_atomic_adds(atomic):  # gradients returned, not added into .grad
+                torch.autograd.grad(attend(q, k, v, causal), (q, k, v), grad_o)
         for _ in range(WARMUP):
             step()
         runs[variant] = step
