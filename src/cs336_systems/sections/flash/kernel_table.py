@@ -175,9 +175,16 @@ def shape_facts(record: dict) -> dict:
         rates = {"ours": ours_bwd["executed_tflops"], "reference": ref_bwd["needed_tflops"],
                  "ratio": ratio, "word": "higher" if ratio > 1 else "lower"}
     backward = _compare(passes, OURS, REFERENCE, "backward")
+    forward = _compare(passes, OURS, REFERENCE, "forward")
+    ours_fwd, ref_fwd = passes.get((OURS, "forward")), passes.get((REFERENCE, "forward"))
     return {**base, "status": "ok",
             "table": to_markdown(passes_display(passes)),
-            "forward": _compare(passes, OURS, REFERENCE, "forward"),
+            "forward": forward,
+            # both do the work the forward needs: ours at this rate against cuDNN's
+            "forward_rates": {"ours": ours_fwd["needed_tflops"],
+                              "reference": ref_fwd["needed_tflops"],
+                              "kernel": record["metrics"]["binaries"].get("flash_fwd_kernel")}
+            if ours_fwd and ref_fwd else None,
             "backward": backward, "gap": backward_gap(backward, rates),
             "rates": rates, "recompute": recompute_facts(passes, record["metrics"]["binaries"]),
             "steps": len(record["metrics"]["kernels"][0]["step_ms"])
