@@ -397,7 +397,10 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     flags = overhead_bound(table)
     busy = table[~flags]
     return {
-        "env": env_summary(table, board),
+        # where and from which code every record of the section came, the speed targets'
+        # and the kernel profile's included
+        "env": env_summary(table, board, records_frame(records["speed"]),
+                           records_frame(records["kernels"])),
         "commits": {"flash": commits(table), "leaderboard": commits(board),
                     "speed": commits(speed, "commit")},
         "flops": {"pass_factors": PASS_FLOPS, "causal_fraction": CAUSAL_FRACTION},
