@@ -23,12 +23,6 @@ from functools import partial
 
 import pytest
 import torch
-from torch import nn
-
-from cs336_systems.distributed import FSDP
-from cs336_systems.distributed import fsdp as fsdp_module
-from cs336_systems.lm import model as lm
-from cs336_systems.lm.optimizer import AdamW
 from support.distributed import (
     WORLD_SIZE,
     batches,
@@ -37,6 +31,12 @@ from support.distributed import (
     run_on_ranks,
     save_result,
 )
+from torch import nn
+
+from cs336_systems.distributed import FSDP
+from cs336_systems.distributed import fsdp as fsdp_module
+from cs336_systems.lm import model as lm
+from cs336_systems.lm.optimizer import AdamW
 
 VOCAB, D_MODEL, D_HIDDEN = 33, 16, 25  # odd row counts: the last rank's shard is padded
 STEPS, REPEATS = 3, 3
@@ -280,3 +280,56 @@ def test_sharding_breakdown_shards_linear_and_embedding_weights_only():
     assert (breakdown["sharded_parameters"] + breakdown["replicated_parameters"]
             == sum(p.numel() for p in model.parameters()))
     assert breakdown["sharded_bytes"] == 4 * breakdown["sharded_parameters"]  # fp32
+
+
+# --- fp16 on two GPUs: the ranks' halves exactly, the whole batch within fp16 rounding ---------
+
+FP16_UNIT_ROUNDOFF = 2.0 ** -11  # fp16 keeps 11 significant bits: rounding errs by <= 2^-11
+
+
+def _fp16_on_gpus(rank: int, world_size: int, out_dir: str) -> None:
+    """FSDP with fp16 compute on NCCL, beside two one-process models on this rank's GPU with
+    the same casts: one given the batch as the ranks' halves (their gradients summed in fp32),
+    one given it whole. Per step: FSDP's largest difference from each, the largest update."""
+    device = torch.device("cuda", rank)
+    model = FSDP(build_toy(rank).to(device), compute_dtype=torch.float16)
+    halves, whole = build_toy(0).to(device), build_toy(0).to(device)
+    optimizers = [OPTIMIZERS["sgd"](m.parameters()) for m in (model, halves, whole)]
+    steps = []
+    for tokens, targets in batches(STEPS):
+        tokens, targets = tokens.to(device), targets.to(device)
+        before = {name: p.detach().clone() for name, p in halves.named_parameters()}
+        optimizers[0].zero_grad()
+        loss_fn(model, local_rows(tokens, rank, world_size),
+                local_rows(targets, rank, world_size)).backward()
+        model.finish_gradient_synchronization()
+        optimizers[0].step()
+        _reference_step(halves, optimizers[1], tokens, targets, torch.float16)
+        optimizers[2].zero_grad()
+        loss_fn(partial(_cast_forward, whole, torch.float16), tokens, targets).backward()
+        optimizers[2].step()
+        full = model.gather_full_params()
+        steps.append({
+            "halves_equal": all(torch.equal(full[n], p) for n, p in halves.named_parameters()),
+            **{f"{kind}_diff": max((full[n] - p).abs().max().item()
+                                   for n, p in reference.named_parameters())
+               for kind, reference in (("halves", halves), ("whole", whole))},
+            "update": max((p - before[n]).abs().max().item()
+                          for n, p in halves.named_parameters())})
+    save_result(out_dir, rank, steps)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < WORLD_SIZE,
+                    reason=f"NCCL with {WORLD_SIZE} ranks needs {WORLD_SIZE} GPUs")
+def test_fp16_on_gpus_matches_the_ranks_halves_exactly_and_the_whole_batch_within_rounding(
+        tmp_path):
+    """Data parallelism rounds each rank's fp16 weight gradient (its matmul's output) before the
+    ranks' sum; a model given the whole batch rounds the sum once. So FSDP equals, bit for bit,
+    only a reference that splits the batch as the ranks do. Against the whole batch, the first
+    update differs by a few fp16 roundings of the gradient (it is lr x gradient, and the
+    gradients differ by at most about three half-units of their last place); later steps carry
+    that difference on, through momentum and the changed weights."""
+    for steps in run_on_ranks(_fp16_on_gpus, tmp_path, backend="nccl"):
+        assert [s["halves_equal"] for s in steps] == [True] * STEPS, steps
+        first = steps[0]
+        assert 0 < first["whole_diff"] <= 4 * FP16_UNIT_ROUNDOFF * first["update"], steps
