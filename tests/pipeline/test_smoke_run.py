@@ -117,10 +117,10 @@ def test_no_smoke_record_is_an_error(smoke_run):
     assert {r["section"] for r in records} == {"benchmark", "profile", "mixed_precision",
                                                "memory", "residuals", "checkpointing",
                                                "attention", "flash", "flash_speed",
-                                               "allreduce", "ddp", "ddp_check", "fsdp",
-                                               "sharded_optimizer", "communication_accounting",
-                                               "parallelism", "training", "optimizer",
-                                               "leaderboard"}
+                                               "flash_kernels", "allreduce", "ddp",
+                                               "ddp_check", "fsdp", "sharded_optimizer",
+                                               "communication_accounting", "parallelism",
+                                               "training", "optimizer", "leaderboard"}
     errors = [(r["section"], r["config"], r.get("message", "")) for r in records
               if r["status"] == "error"]
     assert not errors, errors
@@ -199,13 +199,14 @@ def test_editing_the_triton_kernel_redoes_only_the_triton_flash_jobs(smoke_run):
     triton_jobs = len(config["seq_lengths"]) * len(config["d_heads"]) * len(config["dtypes"])
     with _edited(smoke_run / "src/cs336_systems/kernels/flash_triton.py"):
         # the attention section reads the flash table (its measured memory): re-rendered too;
-        # every speed group times our kernels
+        # every speed group and every kernel profile times our kernels,
         # and the leaderboard's variants that run our kernel
         board = sum(LEADERBOARD_VARIANTS[v].attention.startswith("flash-triton")
                     for matrix in _smoke_preset(smoke_run)["leaderboard"]["matrices"]
                     for v in matrix["variants"])
         assert stale_jobs(smoke_run) == {"flash": triton_jobs, "flash_leaderboard": 1,
                                          "flash_speed": len(GROUPS),
+                                         "flash_kernels": len(config["kernels"]["shapes"]),
                                          "flash_tables": 1, "attention_tables": 1,
                                          "leaderboard": board, "leaderboard_tables": 1,
                                          "section_markdown": 3, "writeup": 1}
