@@ -104,6 +104,17 @@ def test_a_kernels_pass_is_read_from_its_name():
         assert kernel_profile.kernel_pass(name) == "backward", name
 
 
+def test_occupancy_names_what_limits_the_programs_on_a_multiprocessor():
+    regs, shared = 65536, 232448  # an H100's registers and shared memory a multiprocessor
+    assert kernel_profile.occupancy(255, 4, 66560, regs, shared) == {
+        "programs_per_sm": 2, "limited_by": "registers"}
+    assert kernel_profile.occupancy(128, 4, 135168, regs, shared) == {
+        "programs_per_sm": 1, "limited_by": "shared memory"}
+    assert kernel_profile.occupancy(178, 8, 163840, regs, shared) == {
+        "programs_per_sm": 1, "limited_by": "registers and shared memory"}
+    assert kernel_profile.occupancy(38, 4, 0, regs, shared)["programs_per_sm"] == 13
+
+
 def test_the_job_records_skipped_on_a_cpu(tmp_path):
     out = tmp_path / "r.json"
     kernel_profile.main(["--shape", "1x32x16", "--dtype", "fp32", "--device", "cpu",

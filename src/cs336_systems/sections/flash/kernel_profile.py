@@ -106,15 +106,26 @@ def binaries() -> dict[str, dict]:
                    flash_triton.flash_bwd_dq_kernel, flash_triton.flash_bwd_prepare_kernel):
         for binary, constants in direct(kernel).binaries.values():
             warps, shared = binary.metadata.num_warps, binary.metadata.shared
-            threads = 32 * warps
-            by_registers = properties["max_num_regs"] // max(1, binary.n_regs * threads)
-            by_shared = properties["max_shared_mem"] // shared if shared else by_registers
             atomic = dict(zip(kernel.arg_names[-len(constants):], constants)).get("ATOMIC_DQ")
             name = kernel.__name__ + ("[atomic dQ]" if atomic else "")
             out[name] = {"warps": warps, "registers": binary.n_regs, "spills": binary.n_spills,
-                         "shared_kib": shared / 1024, "programs_per_sm": min(by_registers, by_shared),
-                         "limited_by": "registers" if by_registers <= by_shared else "shared memory"}
+                         "shared_kib": shared / 1024,
+                         **occupancy(binary.n_regs, warps, shared, properties["max_num_regs"],
+                                     properties["max_shared_mem"])}
     return out
+
+
+def occupancy(registers: int, warps: int, shared: int, max_registers: int, max_shared: int
+              ) -> dict:
+    """How many programs of a kernel fit on one multiprocessor at once, and what limits it:
+    its registers (`registers` a thread, 32 threads a warp) against the multiprocessor's
+    `max_registers`, its shared memory (bytes) against `max_shared` (allocation granularity
+    left out)."""
+    by_registers = max_registers // max(1, registers * 32 * warps)
+    by_shared = max_shared // shared if shared else by_registers
+    limited_by = ("registers" if by_registers < by_shared else
+                  "shared memory" if by_shared < by_registers else "registers and shared memory")
+    return {"programs_per_sm": min(by_registers, by_shared), "limited_by": limited_by}
 
 
 def profile_variants(shape, dtype: torch.dtype, causal: bool, steps: int,
