@@ -12,10 +12,9 @@ costs (predicted from its executed rate) and what dropping it measured (the atom
 
 from __future__ import annotations
 
-import statistics
-
 import pandas as pd
 
+from cs336_systems.measure.timing import summarize
 from cs336_systems.pipeline.records import read_record
 from cs336_systems.report.facts import reason, speedup
 from cs336_systems.report.render import fmt
@@ -35,8 +34,9 @@ def _shape(record: dict) -> str:
     return "x".join(map(str, record["config"]["shape"]))
 
 
-def _median_std(values: list[float]) -> tuple[float, float | None]:
-    return statistics.median(values), statistics.stdev(values) if len(values) > 1 else None
+def _median_std(values: list[float]) -> tuple[float, float]:
+    summary = summarize(values)
+    return summary["median"], summary["std"]
 
 
 def _binary_name(variant: str, kernel: str) -> str:
@@ -197,5 +197,4 @@ def kernel_facts(record_paths: list[str], csv: str) -> dict:
     records = [read_record(p) for p in record_paths]
     return {"shapes": [shape_facts(r) for r in records], "csv": csv,
             "ours_label": variant_label(OURS), "atomic_label": variant_label(ATOMIC),
-            "reference_label": variant_label(REFERENCE), "needed": NEEDED,
-            "commits": sorted({str(r["env"].get("git")) for r in records})}
+            "reference_label": variant_label(REFERENCE), "needed": NEEDED}

@@ -389,7 +389,8 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     write_table(table, outputs["table"])
     write_table(board, outputs["leaderboard_table"])
     write_table(speed, outputs["speed_table"])
-    write_table(kernel_table.kernels_table(records["kernels"]), outputs["kernels_table"])
+    kernels = kernel_table.kernels_table(records["kernels"])
+    write_table(kernels, outputs["kernels_table"])
     latency_figure(table, outputs["latency_figure"])
     speedup_figure(table, outputs["speedup_figure"])
 
@@ -402,7 +403,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "env": env_summary(table, board, records_frame(records["speed"]),
                            records_frame(records["kernels"])),
         "commits": {"flash": commits(table), "leaderboard": commits(board),
-                    "speed": commits(speed, "commit")},
+                    "speed": commits(speed, "commit"), "kernels": commits(kernels, "commit")},
         "flops": {"pass_factors": PASS_FLOPS, "causal_fraction": CAUSAL_FRACTION},
         "speed": {**speed_table.speed_facts(speed, records["speed"]),
                   "csv": outputs["speed_table"]},
