@@ -143,6 +143,19 @@ def test_the_header_counts_each_record_once_in_its_first_section(tmp_path):
     assert total["jobs"] == 3 and total["startup_s"] == 3.5 and total["measuring_s"] == 14.5
     assert total["startup_median_s"] == 1.0 and total["startup_share"] == pytest.approx(3.5 / 18)
     assert section_rows([("benchmark", record_times([str(old)]))]) == {"rows": [], "total": None}
+    assert total["gpus_busy"] is None  # measured one at a time, before placement was recorded
+
+
+def test_the_header_says_how_many_gpus_jobs_held_at_once(tmp_path):
+    def record(name, busy):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"status": "ok", "env": {
+            "job_time": {"startup_s": 1.0, "measuring_s": 2.0, "stages_s": {}},
+            "placement": {"gpus": ["0"], "pool": 4, "busy": busy, "wait_s": 0.0}}}))
+        return str(path)
+
+    total = section_rows([("flash", record_times([record("a", 1), record("b", 3)]))])["total"]
+    assert (total["gpus_busy"], total["gpu_pool"]) == (3, 4)
 
 
 @pytest.fixture(autouse=True)

@@ -752,6 +752,17 @@ def atomic_dq() -> bool:
     return ATOMIC_DQ and not torch.are_deterministic_algorithms_enabled()
 
 
+@contextlib.contextmanager
+def dq_by_atomic_adds(atomic: bool = True):
+    """Backwards launched inside the block add dQ atomically, or not (sets `ATOMIC_DQ`)."""
+    global ATOMIC_DQ
+    before, ATOMIC_DQ = ATOMIC_DQ, atomic
+    try:
+        yield
+    finally:
+        ATOMIC_DQ = before
+
+
 class BackwardLaunches(NamedTuple):
     """The backward's launches: the key-tile kernel's, and either the dQ kernel's (which also
     computes D) or, with atomic dQ, the prepare kernel's (D and the zeroed accumulator)."""

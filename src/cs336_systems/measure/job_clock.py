@@ -6,6 +6,7 @@ breakdown (`breakdown()`, in `env.job_time`), and the writeup adds them up per s
     dispatched  Snakemake wrote the job's script                         (start)
     process     the job's process started              -> dispatch
     entry       the job's own code began (interpreter, Snakemake's preamble) -> interpreter
+    placed      it holds the GPUs it asked for (pipeline.gpus)      -> gpu_wait
     forked      the job server's child took the job    -> server (0 without the server)
     imported    the experiment's module was imported   -> imports
     device      the device resolved, CUDA initialised  -> device
@@ -23,12 +24,13 @@ from __future__ import annotations
 import os
 import time
 
-ORDER = ("dispatched", "process", "entry", "forked", "imported", "device", "warmed", "measured",
+ORDER = ("dispatched", "process", "entry", "placed", "forked", "imported", "device", "warmed", "measured",
          "written")
-SEGMENTS = {"process": "dispatch", "entry": "interpreter", "forked": "server",
+SEGMENTS = {"process": "dispatch", "entry": "interpreter", "placed": "gpu_wait",
+            "forked": "server",
             "imported": "imports", "device": "device", "warmed": "warm_up",
             "measured": "measuring", "written": "teardown"}
-STARTUP = ("dispatch", "interpreter", "server", "imports", "device")
+STARTUP = ("dispatch", "interpreter", "gpu_wait", "server", "imports", "device")
 MEASURING = ("warm_up", "measuring")
 
 _marks: dict[str, float] = {}

@@ -8,7 +8,8 @@ directive into a `Job` and calls `run(job)`, which runs the entry point its rule
     writeup          header, coverage table and the sections in order -> report/writeup.md
     archive          the preset's results, writeup, config and manifest -> one tarball
 
-`run` hands the job to the job server (`pipeline.jobserver`: a warm process that has imported
+`run` first claims the GPUs the job's rule asks for (`pipeline.gpus`: several jobs at once on a
+machine with several GPUs never share one), then hands the job to the job server (`pipeline.jobserver`: a warm process that has imported
 torch and forks a child per job) unless CS336_JOBSERVER=0, and runs it in this process when
 there is none; either way the job runs in a process of its own. Each job sends everything it
 prints, its children's output included, to its `log:` file. Imports are inside the
@@ -76,6 +77,7 @@ class Job:
     input: Files = field(default_factory=Files)
     output: Files = field(default_factory=Files)
     log: Files = field(default_factory=Files)
+    gpus: int = 0   # the GPUs its rule's `gpu` resource asks for (pipeline.gpus places them)
 
     def __post_init__(self):
         self.params = Params(self.params)
@@ -86,10 +88,10 @@ class Job:
     def from_snakemake(cls, smk) -> Job:
         params = dict(smk.params.items())
         return cls(params.pop("job"), params, Files.of(smk.input), Files.of(smk.output),
-                   Files.of(smk.log))
+                   Files.of(smk.log), int(getattr(smk.resources, "gpu", 0) or 0))
 
     def to_dict(self) -> dict:
-        return {"entry": self.entry, "params": dict(self.params),
+        return {"entry": self.entry, "params": dict(self.params), "gpus": self.gpus,
                 **{k: {"paths": list(v), "named": v.named}
                    for k, v in (("input", self.input), ("output", self.output),
                                 ("log", self.log))}}
@@ -97,17 +99,20 @@ class Job:
     @classmethod
     def from_dict(cls, data: dict) -> Job:
         files = {k: Files(data[k]["paths"], data[k]["named"]) for k in ("input", "output", "log")}
-        return cls(data["entry"], data["params"], **files)
+        return cls(data["entry"], data["params"], **files, gpus=data.get("gpus", 0))
 
 
 def run(job: Job) -> int:
-    """Run `job` through the job server, or here when there is none; its exit status."""
-    from cs336_systems.pipeline import jobserver
+    """Run `job` on GPUs of its own (`pipeline.gpus`, where it asks for some) through the job
+    server, or here when there is none; its exit status."""
+    from cs336_systems.pipeline import gpus, jobserver
 
-    status = jobserver.submit(job)
-    if status is None:
-        return run_here(job)
-    return status
+    with gpus.placed(job.gpus):
+        job_clock.mark("placed")
+        status = jobserver.submit(job)
+        if status is None:
+            return run_here(job)
+        return status
 
 
 def run_here(job: Job) -> int:

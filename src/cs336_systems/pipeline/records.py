@@ -1,7 +1,8 @@
 """The per-configuration JSON record every experiment job writes, and the environment it ran in.
 
     {"section", "config": {...}, "status": "ok" | "oom" | "skipped" | "error",
-     "metrics": {...}, "env": {"device", "gpu", "torch", "triton", "git", "time"}, "message"?}
+     "metrics": {...}, "env": {"device", "gpu", "torch", "triton", "git", "time",
+     "placement"?, "job_time"?}, "message"?}
 
 Units live in metric names (`forward_ms_mean`, `peak_gib`). Records are written atomically
 (temp file, then rename), so an interrupted job never leaves a half-written record behind.
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from cs336_systems.measure import job_clock
+from cs336_systems.pipeline import gpus
 
 STATUSES = ("ok", "oom", "skipped", "error")
 
@@ -79,7 +81,7 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
     except ImportError:
         triton_version = None
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return {
+    env = {
         "device": device.type,
         "gpu": gpu,
         "cpu": platform.processor() or platform.machine(),
@@ -90,6 +92,9 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
         "git": git_commit(),
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+    if device.type == "cuda" and (placement := gpus.placement_of_this_job()) is not None:
+        env["placement"] = placement  # which of the machine's GPUs, and how many were busy
+    return env
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

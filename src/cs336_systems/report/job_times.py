@@ -2,7 +2,10 @@
 its record (`env.job_time`, see `measure.job_clock`), added up for the writeup's header.
 
 Every `<section>_tables` job hands its records' times to its facts (`record_times`); the
-writeup counts each record once, in the first section (in writeup order) that reads it.
+writeup counts each record once, in the first section (in writeup order) that reads it. Where
+jobs ran several at once on a machine with several GPUs, the records also say how many of its
+GPUs were busy when each started (`env.placement`): their job times then add up to more than
+the run's wall time.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ def record_times(paths: Iterable[str]) -> dict[str, dict]:
         if job_time:
             times[str(path)] = {"startup_s": job_time["startup_s"],
                                 "measuring_s": job_time["measuring_s"]}
+            if placement := record["env"].get("placement"):
+                times[str(path)]["gpus_busy"] = placement["busy"]
+                times[str(path)]["gpu_pool"] = placement["pool"]
     return times
 
 
@@ -45,9 +51,14 @@ def section_rows(sections: list[tuple[str, dict[str, dict]]]) -> dict:
 
 
 def _row(name: str, times: list[dict]) -> dict:
+    """One row; `gpus_busy` is the most GPUs that jobs held at once when one of these started
+    (pipeline.gpus), of a machine's `gpu_pool`, where the records say (else None)."""
     startup = [t["startup_s"] for t in times]
     measuring = sum(t["measuring_s"] for t in times)
+    placed = [t for t in times if "gpus_busy" in t]
     return {"section": name, "jobs": len(times), "startup_s": sum(startup),
+            "gpus_busy": max((t["gpus_busy"] for t in placed), default=None),
+            "gpu_pool": max((t["gpu_pool"] for t in placed), default=None),
             "measuring_s": measuring, "startup_median_s": statistics.median(startup),
             "startup_share": sum(startup) / (sum(startup) + measuring)
             if sum(startup) + measuring > 0 else None}

@@ -27,7 +27,6 @@ A GPU-only job: on a CPU it records `skipped`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import tempfile
 from pathlib import Path
 
@@ -80,17 +79,6 @@ def unit_flops(shape: tuple[int, int, int], causal: bool) -> float:
     return 2.0 * batch * seq * seq * d * (0.5 if causal else 1.0)
 
 
-@contextlib.contextmanager
-def dq_by_atomic_adds(atomic: bool):
-    """Backwards inside the block add dQ atomically, or not (`flash_triton.ATOMIC_DQ`)."""
-    from cs336_systems.kernels import flash_triton
-    before, flash_triton.ATOMIC_DQ = flash_triton.ATOMIC_DQ, atomic
-    try:
-        yield
-    finally:
-        flash_triton.ATOMIC_DQ = before
-
-
 def binaries() -> dict[str, dict]:
     """What each of our compiled Triton kernels asks of a multiprocessor, by kernel name: the
     binaries of this process's direct launches (`kernels.launch`), one per signature, the last
@@ -131,6 +119,7 @@ def occupancy(registers: int, warps: int, shared: int, max_registers: int, max_s
 def profile_variants(shape, dtype: torch.dtype, causal: bool, steps: int,
                      device: torch.device) -> tuple[list[dict], list[dict]]:
     """(kernels, variants): each kernel's time per step by variant, and each variant's status."""
+    from cs336_systems.kernels import flash_triton
     q, k, v, grad_o = inputs = attention_inputs(shape, dtype, device)
     runs, variants = {}, []
     for variant, (attention, atomic) in VARIANTS.items():
@@ -140,7 +129,7 @@ def profile_variants(shape, dtype: torch.dtype, causal: bool, steps: int,
         attend = get_attention(attention)
 
         def step(attend=attend, atomic=atomic):
-            with dq_by_atomic_adds(atomic):  # gradients returned, not added into .grad
+            with flash_triton.dq_by_atomic_adds(atomic):  # gradients returned, not added into .grad
                 torch.autograd.grad(attend(q, k, v, causal), (q, k, v), grad_o)
         for _ in range(WARMUP):
             step()
