@@ -405,12 +405,27 @@ def test_flash_triton_long_sequences_on_gpu(seq, is_causal, dtype):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="long sequences need a GPU")
-@pytest.mark.parametrize("lengths", [(1, 16384, 16384), (2, 1000, 3001)], ids=["16384", "uneven"])
+@pytest.mark.parametrize("lengths", [(1, 16384, 16384), (2, 1000, 3001), (4, 8192, 8192)],
+                         ids=["16384", "uneven", "full-grid"])
 @pytest.mark.parametrize("d", [80, 96, 128, 256])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("dtype", TRITON_DTYPES)
 def test_flash_triton_any_shape_on_gpu(lengths, d, is_causal, dtype):
     check_flash(FlashAttentionTriton, *lengths, d, dtype, is_causal)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
+@pytest.mark.parametrize("d", [80, 128])
+def test_fp32_forward_tiles_fit_a_hopper_multiprocessor_when_the_grid_is_full(d, precision):
+    """With enough query tiles to fill 132 multiprocessors none is halved, and 128 fp32 query
+    rows at d 128 asked 256 KiB of shared memory, beyond an H200's 227 (the assignment run's
+    batch 1 x 32768 x 128): above d 64 the fp32 forward takes 64 rows."""
+    from cs336_systems.kernels import flash_triton
+
+    tiles = flash_triton._forward_tiles(1, 32768, 32768, d, torch.float32, precision, sms=132)
+    assert tiles.block_m == 64
+    assert flash_triton._forward_tiles(1, 32768, 32768, 64, torch.float32, precision,
+                                       sms=132).block_m == 128  # d 64 keeps its sweep's tiles
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Inductor compiles the Triton kernels on a GPU only")

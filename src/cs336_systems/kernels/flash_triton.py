@@ -586,7 +586,7 @@ def _forward_tiles(heads, n_queries, n_keys, d: int, dtype: torch.dtype, precisi
     said; 10 tile sets, the best within 3% of each other merged into one rule): 128-row query
     tiles over 64 keys beyond 2048 tokens (4 warps and 3 stages at d 64, 8 and 4 at d 80 to
     128); 64 x 64 with 4 warps and 3 stages up to 2048 tokens at d 64; fp32 128 x 32 (tf32) or
-    128 x 64 (tf32x3) with 8 warps, 32 x 32 in IEEE. Where the grid would leave
+    128 x 64 (tf32x3) with 8 warps, 32 x 32 in IEEE, and 64 query rows above d 64. Where the grid would leave
     multiprocessors idle, the query tile halves down to 64 rows. BLOCK_N divides BLOCK_M, so the
     causal band is whole key tiles."""
     if dtype == torch.float32:
@@ -594,6 +594,8 @@ def _forward_tiles(heads, n_queries, n_keys, d: int, dtype: torch.dtype, precisi
                                            "tf32x3": (128, 64, 8, 2)}[precision]
         if d > 128:
             block_m, block_n, warps = 32, 16, 4
+        elif d > 64:  # 128 fp32 query rows at d 128 ask 256 KiB of shared memory (H200: 227)
+            block_m = min(block_m, 64)
     elif d > 128:
         block_m, block_n, warps, stages = 64, 32, 4, 2
     elif d > 64:
