@@ -68,6 +68,9 @@ def test_the_server_key_follows_the_sources_and_the_environment(monkeypatch, tmp
     key = jobserver.server_key()
     monkeypatch.setenv("SNAKEMAKE_SOMETHING", "per job")  # volatile: the same server
     assert jobserver.server_key() == key
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # the job's GPUs: CUDA reads them in the
+    monkeypatch.setenv("CS336_GPU_PLACEMENT", '{"busy": 4}')  # child, so the same server
+    assert jobserver.server_key() == key
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # read at import: another server
     other_env = jobserver.server_key()
     assert other_env != key

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from cs336_systems.measure import job_clock
 from cs336_systems.paths import PACKAGE_DIR, SRC_ROOT
+from cs336_systems.pipeline import gpus
 
 IDLE_S = 30.0                 # a server with no job for this long exits
 START_TIMEOUT_S = 180.0       # how long a client waits for a new server to listen
@@ -50,8 +51,11 @@ START_TIMEOUT_S = 180.0       # how long a client waits for a new server to list
 # CPU run imports only after setting TRITON_INTERPRET.
 PRELOAD = ("torch", "numpy", "pandas", "matplotlib", "jinja2", "yaml", "einops")
 PRELOAD_GPU = ("triton", "torch._inductor")
-# Variables that differ between the processes of one run without changing what imports do.
-VOLATILE_ENV = ("_", "PWD", "OLDPWD", "SHLVL")
+# Variables that differ between the processes of one run without changing what imports do:
+# among them the GPUs a job was placed on (pipeline.gpus), which CUDA reads only when the
+# child initialises it. (Keyed on them, jobs side by side on four GPUs started a server per
+# placement, and a quarter of an assignment run's job time went to importing torch again.)
+VOLATILE_ENV = ("_", "PWD", "OLDPWD", "SHLVL", "CUDA_VISIBLE_DEVICES", gpus.PLACEMENT_ENV)
 
 
 def enabled() -> bool:
