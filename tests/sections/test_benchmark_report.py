@@ -119,3 +119,23 @@ def test_a_skipped_sweep_is_covered_as_skipped(tmp_path):
         "status": "skipped", "anchor": "benchmarking_script",
         "note": "CUDA was requested but no CUDA device is available on this machine"}
     render(Section("benchmark").template, built, link_base=tmp_path)  # renders with nothing measured
+
+
+def test_the_assignment_sweep_shows_a_step_summary_and_links_its_csv(tmp_path):
+    """The assignment run's 80 configurations are too many rows for the text: it shows the
+    step's mean per context, one row per size, mode and precision, and links the CSV."""
+    records = sorted((ROOT / "docs/reference-run/results/assignment/benchmark").glob("*.json"))
+    outputs = {"table": str(tmp_path / "benchmark.csv"), "scaling_figure": str(tmp_path / "a.png"),
+               "warmup_figure": str(tmp_path / "b.png")}
+    built = jsonable(benchmark.build({"records": [str(p) for p in records]}, OPTIONS, outputs))
+    timing = built["timing"]
+    assert not timing["whole"] and timing["rows"] == 80
+    lines = [line for line in timing["markdown"].splitlines() if line.startswith("| ")]
+    assert len(lines) == 1 + 5 * 2 * 2  # the header, then size x mode x precision
+    metrics = json.loads((ROOT / "docs/reference-run/results/assignment/benchmark/"
+                          "xl_ctx512_train-step_bf16_warmup5.json").read_text())["metrics"]
+    row = next(line for line in lines if line.startswith("| xl ") and "train-step" in line
+               and "bf16" in line)
+    assert f"{metrics['step_ms_mean']:.1f}" in row.split("|")[6]  # the ctx-512 column
+    text = render(Section("benchmark").template, built, link_base=tmp_path)
+    assert "_All 80 rows are in [benchmark.csv](benchmark.csv)._" in text

@@ -188,9 +188,9 @@ def test_template_renders_the_facts(reference):
         words = " ".join(text.split())  # the template wraps its lines
         assert f"{facts['overhead']['count']} of 48 cells (marked `*`) are overhead-bound" \
             in words
-        assert facts["latency_table"].count(" *") == facts["overhead"]["count"]
+        assert facts["latency"]["markdown"].count(" *") == facts["overhead"]["count"]
     assert "(figures/flash_latency_vs_seq.png)" in text and "(figures/flash_speedup.png)" in text
-    assert "| plain PyTorch ms" in facts["latency_table"] and facts["latency_table"] in text
+    assert "| plain PyTorch ms" in facts["latency"]["markdown"] and facts["latency"]["markdown"] in text
 
 
 # --- synthetic records -------------------------------------------------------------------------
@@ -368,3 +368,24 @@ def test_an_sdpa_record_names_the_backend_its_dispatch_chose(tmp_path):
     record = json.loads(out.read_text())
     assert record["status"] == "ok"
     assert record["metrics"]["sdpa_backend"] in flash.SDPA_BACKENDS
+
+
+def test_the_assignment_sweep_shows_speed_ups_per_sequence_and_links_its_csv(tmp_path):
+    """240 records (80 shapes) are too many rows for the text: our forward+backward speed-up
+    over each reference per (d, dtype) and sequence, each cell the ratio of two records."""
+    folder = ROOT / "docs/reference-run/results/assignment/flash"
+    records = sorted(str(p) for p in folder.glob("*.json"))
+    facts = _build(tmp_path, records, [])
+    latency = facts["latency"]
+    assert not latency["whole"] and latency["rows"] == 80
+    lines = [line for line in latency["markdown"].splitlines() if line.startswith("| ")]
+    assert len(lines) == 1 + 2 * 4 * 2  # the header, then reference x d x dtype
+
+    def fwd_bwd(impl):
+        metrics = json.loads((folder / f"{impl}_seq16384_d64_bf16.json").read_text())["metrics"]
+        return metrics["forward_backward_ms"]
+    row = next(cells for line in lines
+               if (cells := [c.strip() for c in line.split("|")[1:-1]])[:3]
+               == ["64", "bf16", "torch SDPA"])[3:]
+    cells = row
+    assert cells[7].rstrip(" *") == fmt_ratio(fwd_bwd("sdpa") / fwd_bwd("flash-triton"))

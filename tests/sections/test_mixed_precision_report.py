@@ -144,7 +144,7 @@ def test_speedups_trends_and_spread(synthetic):
     assert (trends["forward"]["first"], trends["forward"]["last"]) == ("small", "large")
     assert s["summary"]["faster"] == 6 and s["summary"]["within_spread"] == 1
     assert s["summary"]["largest"]["size"] == "large" and s["summary"]["largest"]["ratio"] == 3.0
-    assert "1.50x *" in s["table"]  # small forward: 30 +- 6 against 20 +- 6
+    assert "1.50x *" in s["table"]["markdown"]  # small forward: 30 +- 6 against 20 +- 6
     assert s["on_cuda"]
 
 
@@ -191,6 +191,25 @@ def test_bf16_speedup_on_the_reference_run_is_the_ratio_of_step_means(tmp_path, 
     ratios = [t["last_ratio"] / t["first_ratio"] for t in facts["speedup"]["trends"]]
     assert len(ratios) == 4 and statistics.median(ratios) > 1  # 2.7b gains more than small
     assert facts["env"]["gpu"] == ["NVIDIA H200"]
+
+
+def test_the_assignment_runs_speed_ups_show_one_row_per_size_and_mode(tmp_path, cpu_records):
+    """40 fp32/bf16 pairs are too many rows for the text: the step's speed-up per context, one
+    row per size and mode, each cell the ratio of the two records' step means."""
+    bench = ROOT / "docs/reference-run/results/assignment/benchmark"
+    facts, _ = _build(tmp_path, {**cpu_records, "benchmark": sorted(
+        str(p) for p in bench.glob("*_warmup5.json"))})
+    table = facts["speedup"]["table"]
+    assert not table["whole"] and table["rows"] == 40
+    lines = [line for line in table["markdown"].splitlines() if line.startswith("| ")]
+    assert len(lines) == 1 + 5 * 2
+
+    def step_ms(precision):
+        name = f"large_ctx1024_forward_{precision}_warmup5.json"
+        return json.loads((bench / name).read_text())["metrics"]["step_ms_mean"]
+    row = next(line for line in lines if line.startswith("| large ") and "forward" in line)
+    cell = row.split("|")[-2].strip()  # the ctx-1024 column
+    assert cell.rstrip(" *") == f"{step_ms('fp32') / step_ms('bf16'):.2f}x"
 
 
 def test_skipped_parts_are_said_so(tmp_path, cpu_records):

@@ -133,7 +133,7 @@ def test_known_answers_from_cuda_records(cuda_records, tmp_path):
     assert e["per_flop"] == pytest.approx(20) and e["per_flop_word"] == "slower"
     assert "per FLOP it is 20.0x\n  slower" in text or "per FLOP it is 20.0x slower" in text
     # (c): the elementwise exp is named by its functor and is above 1%
-    assert "vectorized_elementwise_kernel<exp_kernel_cuda>" in facts["non_matmul"]["table"]
+    assert "vectorized_elementwise_kernel<exp_kernel_cuda>" in facts["non_matmul"]["table"]["markdown"]
 
 
 @pytest.mark.parametrize("name, short", [

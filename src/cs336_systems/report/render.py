@@ -8,6 +8,8 @@ variables and these filters:
     {{ f|pct(1) }}     12.3 (a fraction as a percentage, without the % sign)
     {{ x|sig(3) }}     0.000134, 1.34e-07 (3 significant digits, for errors of any size)
     {{ path|link }}    the path relative to the writeup's folder, for images and links
+    {{ t|long_table }} a `tables.long_table`: the table, or over 25 rows a line linking its
+                       CSV and the summary (the template's text before it says what it shows)
 
 An undefined variable is an error, not a blank: a template cannot silently lose a fact.
 """
@@ -58,13 +60,22 @@ def relative_link(target: str | Path, base_dir: str | Path) -> str:
     return Path(os.path.relpath(Path(target), Path(base_dir))).as_posix()
 
 
+def long_table(table: dict, link_base: str | Path) -> str:
+    if table["whole"]:
+        return table["markdown"]
+    note = (f"_All {table['rows']} rows are in [{Path(table['csv']).name}]"
+            f"({relative_link(table['csv'], link_base)})._")
+    return f"{note}\n\n{table['markdown']}" if table["markdown"] else note
+
+
 def environment(link_base: str | Path = ".") -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True,
                              autoescape=False)
     env.filters.update(num=fmt, ratio=fmt_ratio, pct=fmt_pct, sig=fmt_sig,
-                       link=lambda path: relative_link(path, link_base))
+                       link=lambda path: relative_link(path, link_base),
+                       long_table=lambda table: long_table(table, link_base))
     return env
 
 

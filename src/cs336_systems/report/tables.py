@@ -75,6 +75,17 @@ def to_markdown(frame: pd.DataFrame) -> str:
     return shown.to_markdown(index=False, disable_numparse=True)
 
 
+def long_table(whole: pd.DataFrame, csv_path: str | Path,
+               summary: pd.DataFrame | None = None) -> dict:
+    """A table for the text, as the `long_table` filter of report.render shows it: the whole
+    table up to `MAX_SHOWN_ROWS` rows; beyond that a line linking the CSV that holds every row
+    (`csv_path`, the section's tidy table) and `summary`, which the template introduces."""
+    whole_shown = len(whole) <= MAX_SHOWN_ROWS
+    shown = whole if whole_shown else summary
+    return {"whole": whole_shown, "rows": len(whole), "csv": str(csv_path),
+            "markdown": to_markdown(shown) if shown is not None else ""}
+
+
 def mean_pm_std(mean: float, std: float, digits: int = 2) -> str:
     """'12.34 ± 0.56', or '' for a missing value (an oom or skipped row)."""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):

@@ -22,6 +22,7 @@ from cs336_systems.report.tables import (
     env_summary,
     mean_pm_std,
     records_frame,
+    long_table,
     to_markdown,
     write_table,
 )
@@ -60,6 +61,22 @@ def display_table(rows: pd.DataFrame) -> pd.DataFrame:
                             for v, status in zip(rows["model_tflop_per_s"], rows["status"])]
     out["peak GiB"] = rows["peak_gib"].map(lambda v: fmt(v, 2))
     return out
+
+
+def step_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """The timing table in one row per size, mode and precision: the step's mean ms at each
+    context (or the configuration's status where it has no time)."""
+    contexts = sorted(set(rows["context_length"]))
+    out = []
+    groups = rows.groupby(["size", "mode", "precision"])
+    for (size, mode, precision), g in sorted(groups, key=lambda kg: (SIZE_ORDER[kg[0][0]],
+                                                                     kg[0][1:])):
+        at = g.set_index("context_length")
+        out.append({"size": size, "mode": mode, "precision": precision,
+                    **{f"ctx {c} step ms": (fmt(at.loc[c, "step_ms_mean"], 1)
+                                            if at.loc[c, "status"] == "ok" else at.loc[c, "status"])
+                       if c in at.index else "" for c in contexts}})
+    return pd.DataFrame(out)
 
 
 def scaling_figure(table: pd.DataFrame, path: str | Path) -> None:
@@ -232,7 +249,7 @@ def facts(table: pd.DataFrame, outputs: dict[str, str], assignment: dict) -> dic
         "main_warmup_steps": main["warmup_steps"].iloc[0] if len(main) else None,
         "on_cuda": bool("env_device" in table and (table["env_device"] == "cuda").any()),
         "size_table": size_table(table),
-        "timing_table": to_markdown(display_table(main)),
+        "timing": long_table(display_table(main), outputs["table"], step_summary(main)),
         "variability": variability(main_ok),
         "backward": backward_share(main_ok),
         "scaling": scaling(main_ok),

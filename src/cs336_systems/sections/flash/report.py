@@ -20,12 +20,13 @@ import pandas as pd
 from cs336_systems.lm.attention import attention_label, attention_part_flops
 from cs336_systems.report import figures
 from cs336_systems.report.facts import covered, jsonable, not_ok, reason, speedup
-from cs336_systems.report.render import fmt
+from cs336_systems.report.render import fmt, fmt_ratio
 from cs336_systems.report.tables import (
     ensure_columns,
     env_columns,
     env_summary,
     records_frame,
+    long_table,
     to_markdown,
     write_table,
 )
@@ -141,6 +142,33 @@ def display_table(table: pd.DataFrame, flags: pd.Series) -> pd.DataFrame:
             row[f"{attention_label(r['attention'])} TFLOP/s"] = _tflops(r)
         rows.append(row)
     return pd.DataFrame(rows).fillna("")
+
+
+def speedup_display(table: pd.DataFrame, flags: pd.Series) -> pd.DataFrame:
+    """Our kernel's forward+backward speed-up over each reference, one row per (d, dtype,
+    reference) and one column per sequence length: time(reference) / time(ours), * where
+    either cell is overhead-bound, or the status of whichever did not run."""
+    indexed = table.assign(overhead=flags).set_index(["attention", *SHAPE_KEYS])
+    seqs = sorted(set(table["seq"]))
+    rows = []
+    for over in REFERENCES:
+        for d, dtype in sorted(set(zip(table["d"], table["dtype"]))):
+            row = {"d": d, "dtype": dtype, "over": attention_label(over)}
+            for seq in seqs:
+                cells = [indexed.loc[(impl, d, dtype, seq)] if (impl, d, dtype, seq)
+                         in indexed.index else None for impl in (FLASH, over)]
+                ours, ref = cells
+                if ours is None or ref is None:
+                    row[f"seq {seq}"] = ""
+                elif pd.isna(ours["forward_backward_ms"]) or pd.isna(ref["forward_backward_ms"]):
+                    missing = ours if pd.isna(ours["forward_backward_ms"]) else ref
+                    row[f"seq {seq}"] = str(missing["forward_backward_status"])
+                else:
+                    row[f"seq {seq}"] = fmt_ratio(
+                        ref["forward_backward_ms"] / ours["forward_backward_ms"]) + (
+                        " *" if ours["overhead"] or ref["overhead"] else "")
+            rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def leaderboard_display(board: pd.DataFrame) -> pd.DataFrame:
@@ -417,7 +445,8 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "configurations": len(table),
         "shapes": len(table.groupby(SHAPE_KEYS)) if len(table) else 0,
         "implementations": [attention_label(i) for i in ATTENTION_ORDER if i in set(table["attention"])],
-        "latency_table": to_markdown(display_table(table, flags)),
+        "latency": long_table(display_table(table, flags), outputs["table"],
+                              speedup_display(table, flags)),
         "speedup_over": {over: speedup_summary(table, over) for over in REFERENCES},
         "pass_speedups": {over: pass_speedups(table, over) for over in REFERENCES},
         "timed_cells": len(timed),

@@ -24,6 +24,7 @@ from cs336_systems.report.render import fmt_ratio
 from cs336_systems.report.tables import (
     ensure_columns,
     env_summary,
+    long_table,
     mean_pm_std,
     records_frame,
     to_markdown,
@@ -312,6 +313,20 @@ def speedup_display(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def speedup_by_context(table: pd.DataFrame) -> pd.DataFrame:
+    """The step's speed-up alone, one row per size and mode and one column per context."""
+    contexts = sorted(set(table["context_length"]))
+    groups = table.groupby(["size", "mode"])
+    rows = []
+    for (size, mode), g in sorted(groups, key=lambda kg: (SIZE_ORDER[kg[0][0]], kg[0][1])):
+        at = g.set_index("context_length")
+        rows.append({"size": size, "mode": mode,
+                     **{f"ctx {c}": _speedup_cell(at.loc[c, "step_speedup"],
+                                                  at.loc[c, "step_within_spread"])
+                        if c in at.index else "" for c in contexts}})
+    return pd.DataFrame(rows)
+
+
 # A trend along sizes is stated from this many sizes on; with fewer, the sizes are compared.
 TREND_FROM = 3
 
@@ -443,7 +458,8 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "toy": toy,
         "layernorm": layernorm,
         "speedup": {
-            "table": to_markdown(speedup_display(speedups)) if not speedups.empty else "",
+            "table": long_table(speedup_display(speedups), outputs["speedup_table"],
+                                speedup_by_context(speedups)) if not speedups.empty else None,
             "on_cuda": on_cuda, "trends": trends(speedups), "summary": speedup_summary(speedups),
             "sizes": sorted(set(speedups["size"]), key=SIZE_ORDER.get) if len(speedups) else [],
             "failures": not_ok(bench, ["size", "context_length", "mode", "precision"])

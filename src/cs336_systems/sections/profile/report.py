@@ -25,6 +25,7 @@ from cs336_systems.report.tables import (
     env_summary,
     mean_pm_std,
     records_frame,
+    long_table,
     to_markdown,
     write_table,
 )
@@ -206,16 +207,22 @@ def top_kernels(kernels: pd.DataFrame, focus: dict[str, int]) -> dict:
             "leader_names": sorted({e["kernel"] for e in leaders})}
 
 
-def non_matmul(kernels: pd.DataFrame, focus: dict[str, int]) -> dict:
+# Beyond MAX_SHOWN_ROWS rows, (c)'s table in the text keeps each configuration's this many.
+NON_MATMUL_SHOWN = 5
+
+
+def non_matmul(kernels: pd.DataFrame, focus: dict[str, int], csv_path: str) -> dict:
     """(c) Kernels that are not matrix multiplies yet take at least NOTABLE_SHARE of the device
-    time of a focus configuration, forward and training step."""
+    time of a focus configuration, forward and training step, the largest first."""
     totals = by_kernel(kernels)
-    rows = []
+    rows, largest = [], []
     for size, context in focus.items():
         for mode in ("forward", "train-step"):
             g = totals[(totals["size"] == size) & (totals["context_length"] == context)
                        & (totals["mode"] == mode) & ~totals["matmul"]
-                       & (totals["share"] >= NOTABLE_SHARE)]
+                       & (totals["share"] >= NOTABLE_SHARE)].sort_values("share",
+                                                                         ascending=False)
+            largest += [len(rows) + i for i in range(min(len(g), NON_MATMUL_SHOWN))]
             for _, k in g.iterrows():
                 rows.append({"size": size, "context": context, "mode": mode,
                              "kernel": short_kernel(k["kernel"]),
@@ -228,7 +235,8 @@ def non_matmul(kernels: pd.DataFrame, focus: dict[str, int]) -> dict:
             sel = totals[(totals["size"] == size) & (totals["context_length"] == context)
                          & (totals["mode"] == mode) & ~totals["matmul"]]
             share[f"{size}/{mode}"] = sel["share"].sum()
-    return {"table": to_markdown(frame), "count": len(frame),
+    return {"table": long_table(frame, csv_path, frame.iloc[largest] if len(frame) else None),
+            "count": len(frame), "shown": NON_MATMUL_SHOWN,
             "threshold": NOTABLE_SHARE, "non_matmul_share": share}
 
 
@@ -385,7 +393,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "focus": [{"size": s, "context_length": c} for s, c in focus.items()],
         "forward_time": forward_time(summary),
         "top": top_kernels(kernels, focus),
-        "non_matmul": non_matmul(kernels, focus),
+        "non_matmul": non_matmul(kernels, focus, outputs["kernel_table"]),
         "matmul": matmul_share(summary, kernels, focus),
         "attention_parts": attention_parts(summary, kernels, paths),
         "nsys": nsys,
