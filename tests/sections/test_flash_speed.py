@@ -458,7 +458,7 @@ def test_tflops_by_hand(tmp_path):
     assert row["forward_backward_tflops"] == pytest.approx(3.5 * 4.294967296e9 / 2e-3 / 1e12)
     assert row["forward_tflops"] == pytest.approx(4.294967296e9 / 0.5e-3 / 1e12)
     assert row["backward_tflops"] == pytest.approx(2.5 * 4.294967296e9 / 1.5e-3 / 1e12)
-    assert "| 7.5 " in flash.to_markdown(flash.display_table(table, flash.overhead_bound(table)))
+    assert "| 7.5 " in flash.to_markdown(flash.display_table(table, flash.overhead_cells(table)))
 
 
 def test_mixed_commits_are_said(tmp_path):

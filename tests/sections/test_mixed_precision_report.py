@@ -10,13 +10,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from support.checkout import ROOT
 
 from cs336_systems.report.facts import jsonable
 from cs336_systems.report.render import render
 from cs336_systems.sections import Section
 from cs336_systems.sections.mixed_precision import report as section
 from cs336_systems.sections.mixed_precision import run_study as experiment
-from support.checkout import ROOT
 
 ASSIGNMENT = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["benchmark"]
 QUICK = ROOT / "docs/reference-run/results/quick/benchmark"
@@ -146,6 +146,29 @@ def test_speedups_trends_and_spread(synthetic):
     assert s["summary"]["largest"]["size"] == "large" and s["summary"]["largest"]["ratio"] == 3.0
     assert "1.50x *" in s["table"]["markdown"]  # small forward: 30 +- 6 against 20 +- 6
     assert s["on_cuda"]
+
+
+def test_steps_flat_in_the_context_are_overhead_bound_and_left_out_of_the_counts(
+        tmp_path, cpu_records):
+    """small's bf16 train step takes 40 ms at context 128 and 44 ms at 512 (4x the tokens):
+    launches, not the model. Its pair is marked and left out of faster/slower; when the
+    context-512 step grows (80 ms), nothing is overhead-bound."""
+    def built(bf16_at_512):
+        steps = {128: (50.0, 40.0), 512: (150.0, bf16_at_512)}
+        paths = [_bench(tmp_path, "small", ctx, "train-step", precision, ms, 0.5, 1.3e8)
+                 for ctx, pair in steps.items() for precision, ms in zip(("fp32", "bf16"), pair)]
+        facts, _ = _build(tmp_path, {**cpu_records, "benchmark": paths})
+        return facts["speedup"], render(Section("mixed_precision").template, facts,
+                                        link_base=tmp_path)
+
+    speed, text = built(44.0)
+    assert speed["summary"]["overhead_bound"] == 1 and speed["summary"]["count"] == 1
+    assert speed["summary"]["smallest"]["context_length"] == 512
+    assert "1.25x †" in speed["table"]["markdown"]
+    assert "1 configuration is overhead-bound (`†`) and left out" in " ".join(text.split())
+    speed, text = built(80.0)
+    assert speed["summary"]["overhead_bound"] == 0 and speed["summary"]["count"] == 2
+    assert "†" not in speed["table"]["markdown"] and "are overhead-bound (`†`)" not in text
 
 
 def test_coverage_claims_both_problems(synthetic):

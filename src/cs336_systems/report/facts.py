@@ -74,6 +74,26 @@ def speedup(time: float, reference: float, time_std: float | None = None,
             "within_spread": within}
 
 
+# A time is overhead-bound when a larger problem of its kind (the same implementation, dtype,
+# model...) did at least OVERHEAD_WORK times its work in at most OVERHEAD_FLAT times its time:
+# flat in the problem's size, it measured launches and host work, not the computation.
+OVERHEAD_WORK, OVERHEAD_FLAT = 4.0, 1.5
+
+
+def overhead_bound(frame: pd.DataFrame, kind: list[str], work: pd.Series, time: str
+                   ) -> pd.Series:
+    """Per row of `frame`, whether its `time` is overhead-bound against the rows of the same
+    `kind` columns (`work`: each row's work, in any unit); False where it has no time or no
+    larger problem to compare with."""
+    flags = pd.Series(False, index=frame.index)
+    timed = frame.dropna(subset=[time])
+    for _, group in timed.groupby(kind):
+        for i in group.index:
+            larger = group[work[group.index] >= OVERHEAD_WORK * work[i]]
+            flags[i] = bool((larger[time] <= OVERHEAD_FLAT * group.loc[i, time]).any())
+    return flags
+
+
 # Where torch's CUDA out-of-memory message turns from this allocation to general advice
 _OOM_ADVICE = (" Including non-PyTorch memory", " Of the allocated memory",
                " If reserved but unallocated")

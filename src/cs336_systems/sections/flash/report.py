@@ -19,14 +19,23 @@ import pandas as pd
 
 from cs336_systems.lm.attention import attention_label, attention_part_flops
 from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, jsonable, not_ok, reason, speedup
+from cs336_systems.report.facts import (
+    OVERHEAD_FLAT,
+    OVERHEAD_WORK,
+    covered,
+    jsonable,
+    not_ok,
+    overhead_bound,
+    reason,
+    speedup,
+)
 from cs336_systems.report.render import fmt, fmt_ratio
 from cs336_systems.report.tables import (
     ensure_columns,
     env_columns,
     env_summary,
-    records_frame,
     long_table,
+    records_frame,
     to_markdown,
     write_table,
 )
@@ -48,11 +57,6 @@ CAUSAL_FRACTION = 0.5
 ATTENTION_ORDER = ["flash-triton", "flash-pytorch", "sdpa", "sdpa-flash", "sdpa-cudnn", "eager"]
 FLASH = OURS
 REFERENCES = ("eager", "sdpa")
-# A cell is overhead-bound when a longer sequence of the same implementation, d and dtype did
-# at least OVERHEAD_WORK times its forward+backward FLOPs in at most OVERHEAD_FLAT times its
-# time: its time is flat in the problem's size, so it measured launches and host work, not
-# attention.
-OVERHEAD_WORK, OVERHEAD_FLAT = 4.0, 1.5
 # The leaderboard case's keys that the config sets (the leaderboard rule always times it
 # causal and compiled).
 LEADERBOARD_KEYS = ("batch_size", "seq", "d", "dtype")
@@ -98,20 +102,14 @@ def build_table(record_paths: list[str]) -> pd.DataFrame:
                  + env_columns(frame)]
 
 
-def overhead_bound(table: pd.DataFrame) -> pd.Series:
-    """Per row, whether its forward+backward time is overhead-bound (OVERHEAD_WORK,
-    OVERHEAD_FLAT); False where it has no time or no longer sequence to compare with."""
-    flags = pd.Series(False, index=table.index)
-    timed = table.dropna(subset=["forward_backward_ms"])
-    for _, group in timed.groupby(["attention", "d", "dtype"]):
-        flops = pd.Series([pass_flops(int(r["batch_size"]), int(r["seq"]), int(r["d"]),
-                                      bool(r["causal"]), "forward_backward")
-                           for _, r in group.iterrows()], index=group.index)
-        for i in group.index:
-            longer = group[flops >= OVERHEAD_WORK * flops[i]]
-            flags[i] = bool((longer["forward_backward_ms"]
-                             <= OVERHEAD_FLAT * group.loc[i, "forward_backward_ms"]).any())
-    return flags
+def overhead_cells(table: pd.DataFrame) -> pd.Series:
+    """Per row, whether its forward+backward time is overhead-bound (`facts.overhead_bound`,
+    against longer sequences of the same implementation, d and dtype, in FLOPs)."""
+    flops = pd.Series([pass_flops(int(r["batch_size"]), int(r["seq"]), int(r["d"]),
+                                  bool(r["causal"]), "forward_backward")
+                       for _, r in table.iterrows()], index=table.index, dtype=float)
+    return overhead_bound(table, ["attention", "d", "dtype"], flops,
+                                "forward_backward_ms")
 
 
 def _pass(row: pd.Series, p: str) -> str:
@@ -133,7 +131,7 @@ def _tflops(row: pd.Series) -> str:
 
 def display_table(table: pd.DataFrame, flags: pd.Series) -> pd.DataFrame:
     """One row per (d, dtype, seq); per implementation, its three times (* where `flags`, from
-    `overhead_bound`, marks the cell) and its forward+backward TFLOP/s (blank: no record)."""
+    `overhead_cells`, marks the cell) and its forward+backward TFLOP/s (blank: no record)."""
     rows = []
     for (d, dtype, seq), group in table.groupby(SHAPE_KEYS, sort=True):
         row = {"d": d, "dtype": dtype, "seq": seq}
@@ -423,7 +421,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     speedup_figure(table, outputs["speedup_figure"])
 
     timed = table.dropna(subset=["forward_backward_ms"])
-    flags = overhead_bound(table)
+    flags = overhead_cells(table)
     busy = table[~flags]
     return {
         # where and from which code every record of the section came, the speed targets'

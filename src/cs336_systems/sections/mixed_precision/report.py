@@ -19,7 +19,15 @@ from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.step import MODES
 from cs336_systems.pipeline.records import read_record
 from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, not_ok, reason, speedup
+from cs336_systems.report.facts import (
+    OVERHEAD_FLAT,
+    OVERHEAD_WORK,
+    covered,
+    not_ok,
+    overhead_bound,
+    reason,
+    speedup,
+)
 from cs336_systems.report.render import fmt_ratio
 from cs336_systems.report.tables import (
     ensure_columns,
@@ -262,6 +270,9 @@ def speedup_table(paths: list[str]) -> pd.DataFrame:
     frame = ensure_columns(records_frame(paths), ["message", "parameters"]
                            + [f"{p}_ms_{s}" for p in PHASES for s in ("mean", "std")])
     keys = ["size", "context_length", "mode"]
+    # a step whose time hardly grows with the context measured launches, not the model
+    frame["overhead"] = overhead_bound(frame, ["size", "mode", "precision"],
+                                       frame["context_length"].astype(float), "step_ms_mean")
     rows = []
     for key, group in frame.groupby(keys, sort=False):
         by = group.set_index("precision")
@@ -269,6 +280,7 @@ def speedup_table(paths: list[str]) -> pd.DataFrame:
             continue
         fp32, bf16 = by.loc["fp32"], by.loc["bf16"]
         row = dict(zip(keys, key))
+        row["overhead_bound"] = bool(fp32["overhead"] or bf16["overhead"])
         row["parameters"] = fp32["parameters"] if pd.notna(fp32["parameters"]) \
             else bf16["parameters"]
         row["fp32_status"], row["bf16_status"] = fp32["status"], bf16["status"]
@@ -290,10 +302,12 @@ def speedup_table(paths: list[str]) -> pd.DataFrame:
             .drop(columns=["size_rank", "mode_rank"]).reset_index(drop=True))
 
 
-def _speedup_cell(ratio, within) -> str:
+def _speedup_cell(ratio, within, overhead=False) -> str:
+    """'2.91x', with * where the two times are within each other's spread and † where either
+    is overhead-bound."""
     if ratio is None or pd.isna(ratio):
         return ""
-    return fmt_ratio(ratio) + (" *" if within is True else "")
+    return fmt_ratio(ratio) + (" *" if within is True else "") + (" †" if overhead else "")
 
 
 def speedup_display(table: pd.DataFrame) -> pd.DataFrame:
@@ -308,8 +322,9 @@ def speedup_display(table: pd.DataFrame) -> pd.DataFrame:
         "context": table["context_length"], "mode": table["mode"],
         "fp32 step ms": times("fp32"), "bf16 step ms": times("bf16")})
     for phase in PHASES:
-        out[f"{phase} speed-up"] = [_speedup_cell(r, w) for r, w in
-                                    zip(table[f"{phase}_speedup"], table[f"{phase}_within_spread"])]
+        out[f"{phase} speed-up"] = [_speedup_cell(r, w, o and phase == "step") for r, w, o in
+                                    zip(table[f"{phase}_speedup"], table[f"{phase}_within_spread"],
+                                        table["overhead_bound"])]
     return out
 
 
@@ -322,7 +337,8 @@ def speedup_by_context(table: pd.DataFrame) -> pd.DataFrame:
         at = g.set_index("context_length")
         rows.append({"size": size, "mode": mode,
                      **{f"ctx {c}": _speedup_cell(at.loc[c, "step_speedup"],
-                                                  at.loc[c, "step_within_spread"])
+                                                  at.loc[c, "step_within_spread"],
+                                                  at.loc[c, "overhead_bound"])
                         if c in at.index else "" for c in contexts}})
     return pd.DataFrame(rows)
 
@@ -359,26 +375,34 @@ def trends(table: pd.DataFrame) -> list[dict]:
             continue
         ratios = list(group["step_speedup"])
         out.append({"mode": mode, "context_length": context, "trend": trend_word(ratios),
-                    "sizes": [{"size": s, "ratio": r, "within_spread": bool(w)}
-                              for s, r, w in zip(group["size"], ratios,
-                                                 group["step_within_spread"])],
+                    "sizes": [{"size": s, "ratio": r, "within_spread": bool(w),
+                               "overhead_bound": bool(o)}
+                              for s, r, w, o in zip(group["size"], ratios,
+                                                    group["step_within_spread"],
+                                                    group["overhead_bound"])],
                     "first": group["size"].iloc[0], "last": group["size"].iloc[-1],
                     "first_ratio": ratios[0], "last_ratio": ratios[-1]})
     return out
 
 
 def speedup_summary(table: pd.DataFrame) -> dict | None:
-    """Over every configuration: how many bf16 is faster at, slower at, and inside the spread;
-    the largest and smallest step speed-ups and where."""
-    ok = table.dropna(subset=["step_speedup"]) if not table.empty else table
-    if ok.empty:
+    """Over the configurations whose fp32 and bf16 steps both grow with the context (the
+    overhead-bound ones counted apart): how many bf16 is faster at, slower at, and inside the
+    spread; the largest and smallest step speed-ups and where."""
+    timed = table.dropna(subset=["step_speedup"]) if not table.empty else table
+    if timed.empty:
         return None
+    overhead = timed[timed["overhead_bound"]]
+    ok = timed[~timed["overhead_bound"]]
+    if ok.empty:
+        return {"count": 0, "overhead_bound": len(overhead)}
     best = ok.loc[ok["step_speedup"].idxmax()]
     worst = ok.loc[ok["step_speedup"].idxmin()]
-    where = lambda r: {"size": r["size"], "context_length": r["context_length"],  # noqa: E731
+    where = lambda r: {"size": r["size"], "context_length": r["context_length"],
                        "mode": r["mode"], "ratio": r["step_speedup"],
                        "verdict": speedup(1.0, r["step_speedup"])}
-    return {"count": len(ok), "faster": int((ok["step_speedup"] > 1).sum()),
+    return {"count": len(ok), "overhead_bound": len(overhead),
+            "faster": int((ok["step_speedup"] > 1).sum()),
             "slower": int((ok["step_speedup"] < 1).sum()),
             "within_spread": int(ok["step_within_spread"].fillna(False).astype(bool).sum()),
             "largest": where(best), "smallest": where(worst)}
@@ -461,6 +485,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
             "table": long_table(speedup_display(speedups), outputs["speedup_table"],
                                 speedup_by_context(speedups)) if not speedups.empty else None,
             "on_cuda": on_cuda, "trends": trends(speedups), "summary": speedup_summary(speedups),
+            "overhead": {"work": OVERHEAD_WORK, "flat": OVERHEAD_FLAT},
             "sizes": sorted(set(speedups["size"]), key=SIZE_ORDER.get) if len(speedups) else [],
             "failures": not_ok(bench, ["size", "context_length", "mode", "precision"])
             if len(bench) else [],
