@@ -171,6 +171,32 @@ def test_steps_flat_in_the_context_are_overhead_bound_and_left_out_of_the_counts
     assert "†" not in speed["table"]["markdown"] and "are overhead-bound (`†`)" not in text
 
 
+def test_a_trend_along_sizes_leaves_out_the_overhead_bound_steps(tmp_path, cpu_records):
+    """At context 128 small's step is flat (its context-512 step takes as long): the trend is
+    read over medium and large; with only one size left it says there is none to read."""
+    def built(large_512):
+        steps = {("small", 128): (40.0, 40.0), ("small", 512): (50.0, 45.0),
+                 ("medium", 128): (100.0, 50.0), ("medium", 512): (400.0, 200.0),
+                 ("large", 128): (300.0, 100.0), ("large", 512): large_512}
+        params = {"small": 1.3e8, "medium": 4.2e8, "large": 9.7e8}
+        paths = [_bench(tmp_path, size, ctx, "train-step", precision, ms, 0.5, params[size])
+                 for (size, ctx), pair in steps.items()
+                 for precision, ms in zip(("fp32", "bf16"), pair)]
+        facts, _ = _build(tmp_path, {**cpu_records, "benchmark": paths})
+        text = " ".join(render(Section("mixed_precision").template, facts,
+                               link_base=tmp_path).split())
+        return {t["context_length"]: t for t in facts["speedup"]["trends"]}, text
+
+    trends, text = built((1200.0, 400.0))
+    assert trends[128]["trend"] == "is larger at the larger size"
+    assert (trends[128]["first"], trends[128]["first_ratio"]) == ("medium", 2.0)
+    assert "small 1.00x †, medium 2.00x, large 3.00x" in text
+    assert "(over the sizes not marked †), from 2.00x (medium) to 3.00x (large)" in text
+    trends, text = built((310.0, 105.0))  # large's context-128 step is flat too
+    assert trends[128]["trend"] is None
+    assert "context 128: too few sizes whose steps are not overhead-bound" in text
+
+
 def test_coverage_claims_both_problems(synthetic):
     coverage = synthetic[0]["coverage"]
     assert coverage["mixed_precision_accumulation"]["status"] == "answered"

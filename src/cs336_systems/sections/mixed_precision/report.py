@@ -363,8 +363,9 @@ def trend_word(ratios: list[float]) -> str:
 
 
 def trends(table: pd.DataFrame) -> list[dict]:
-    """Per (mode, context) with at least two sizes: the step speed-up from the smallest to the
-    largest model, each size's, and the trend in words."""
+    """Per (mode, context) with at least two sizes: each size's step speed-up and, over the
+    sizes whose steps are not overhead-bound (two at least, else `trend` is None), the
+    speed-up from the smallest to the largest of them and the trend in words."""
     out = []
     if table.empty:
         return out
@@ -373,15 +374,19 @@ def trends(table: pd.DataFrame) -> list[dict]:
         group = group.sort_values("parameters")
         if len(group) < 2:
             continue
-        ratios = list(group["step_speedup"])
-        out.append({"mode": mode, "context_length": context, "trend": trend_word(ratios),
+        busy = group[~group["overhead_bound"].astype(bool)]
+        ratios = list(busy["step_speedup"])
+        out.append({"mode": mode, "context_length": context,
+                    "trend": trend_word(ratios) if len(busy) >= 2 else None,
                     "sizes": [{"size": s, "ratio": r, "within_spread": bool(w),
                                "overhead_bound": bool(o)}
-                              for s, r, w, o in zip(group["size"], ratios,
+                              for s, r, w, o in zip(group["size"], group["step_speedup"],
                                                     group["step_within_spread"],
                                                     group["overhead_bound"])],
-                    "first": group["size"].iloc[0], "last": group["size"].iloc[-1],
-                    "first_ratio": ratios[0], "last_ratio": ratios[-1]})
+                    "first": busy["size"].iloc[0] if len(busy) else None,
+                    "last": busy["size"].iloc[-1] if len(busy) else None,
+                    "first_ratio": ratios[0] if ratios else None,
+                    "last_ratio": ratios[-1] if ratios else None})
     return out
 
 
