@@ -7,6 +7,7 @@ import statistics
 import numpy as np
 import pytest
 import yaml
+from support.checkout import ROOT
 
 from cs336_systems.analysis.attention_memory import eager_attention_bytes
 from cs336_systems.report.facts import jsonable
@@ -14,7 +15,6 @@ from cs336_systems.report.render import render
 from cs336_systems.sections import Section
 from cs336_systems.sections.attention import report as attention
 from cs336_systems.sections.flash import report as flash
-from support.checkout import ROOT
 
 QUICK = ROOT / "docs/reference-run/results/quick"
 DEFAULTS = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]

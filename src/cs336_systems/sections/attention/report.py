@@ -266,7 +266,7 @@ def compile_facts(table: pd.DataFrame) -> dict | None:
                   "within_spread": sum(bool(x and x["within_spread"]) for x in s)}
     # First calls over steady ones. Eager's first call pays the process's one-time start-up
     # (CUDA context, cuBLAS handles); what the compiled one pays beyond that is compilation.
-    first = lambda by: (by["first_forward_ms"] - by["forward_ms_median"]  # noqa: E731
+    first = lambda by: (by["first_forward_ms"] - by["forward_ms_median"]
                         + by["first_backward_ms"] - by["backward_ms_median"])
     extra = pd.Series([first(by.loc["compiled"]) - first(by.loc["eager"])
                        for by in pairs.values()])
