@@ -47,10 +47,10 @@ def test_outputs_exist_and_facts_are_json(facts):
 
 def test_scaling_compares_the_smallest_and_largest_size(facts):
     built, _ = facts
-    small = _record("small", 128, "train-step", "fp32")
-    large = _record("2.7b", 128, "train-step", "fp32")
+    small = _record("small", 512, "train-step", "fp32")  # the longest context both ran
+    large = _record("2.7b", 512, "train-step", "fp32")
     s = built["scaling"]
-    assert (s["small"], s["large"], s["context_length"]) == ("small", "2.7b", 128)
+    assert (s["small"], s["large"], s["context_length"]) == ("small", "2.7b", 512)
     assert s["time_ratio"] == pytest.approx(large["step_ms_mean"] / small["step_ms_mean"])
     assert s["parameter_ratio"] == pytest.approx(large["parameters"] / small["parameters"])
 

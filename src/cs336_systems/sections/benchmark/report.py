@@ -159,16 +159,19 @@ def backward_share(ok: pd.DataFrame) -> dict | None:
 
 
 def scaling(ok: pd.DataFrame) -> dict | None:
-    """Smallest against largest size measured: training step, fp32, shortest context."""
+    """Smallest against largest size measured: training step, fp32, at the longest context
+    both ran (where the small model's step is furthest from launch overhead)."""
     steps = ok[(ok["mode"] == "train-step") & (ok["precision"] == "fp32")]
-    if steps.empty:
-        return None
-    context = steps["context_length"].min()
-    at = steps[steps["context_length"] == context].set_index("size")
-    sizes = sorted(at.index, key=SIZE_ORDER.get)
+    sizes = sorted(set(steps["size"]), key=SIZE_ORDER.get)
     if len(sizes) < 2:
         return None
     small, large = sizes[0], sizes[-1]
+    both = (set(steps.loc[steps["size"] == small, "context_length"])
+            & set(steps.loc[steps["size"] == large, "context_length"]))
+    if not both:
+        return None
+    context = max(both)
+    at = steps[steps["context_length"] == context].set_index("size")
     return {"small": small, "large": large, "context_length": context,
             "parameter_ratio": at.loc[large, "parameters"] / at.loc[small, "parameters"],
             "time_ratio": at.loc[large, "step_ms_mean"] / at.loc[small, "step_ms_mean"],
