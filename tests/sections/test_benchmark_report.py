@@ -56,10 +56,19 @@ def test_scaling_compares_the_smallest_and_largest_size(facts):
 
 
 def test_backward_over_forward_range_comes_from_the_training_steps(facts):
+    """Over the steps that grow with the context: a context-128 step whose context-512 twin (4x
+    the tokens) took at most 1.5x its time measured launches and is left out."""
     built, _ = facts
-    ratios = [m["backward_ms_mean"] / m["forward_ms_mean"]
-              for m in (_record(s, c, "train-step", p) for s in ("small", "2.7b")
-                        for c in (128, 512) for p in ("fp32", "bf16"))]
+    ratios, flat = [], 0
+    for s in ("small", "2.7b"):
+        for p in ("fp32", "bf16"):
+            short, long = (_record(s, c, "train-step", p) for c in (128, 512))
+            if long["step_ms_mean"] <= 1.5 * short["step_ms_mean"]:
+                flat += 1
+            else:
+                ratios.append(short["backward_ms_mean"] / short["forward_ms_mean"])
+            ratios.append(long["backward_ms_mean"] / long["forward_ms_mean"])
+    assert (built["backward"]["steps"], built["backward"]["overhead_bound"]) == (len(ratios), flat)
     b = built["backward"]["backward_over_forward"]
     assert (b["min"], b["max"]) == pytest.approx((min(ratios), max(ratios)))
     assert b["median"] == pytest.approx(statistics.median(ratios))

@@ -14,7 +14,14 @@ from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.step import MODES
 from cs336_systems.pipeline.records import read_record
 from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, not_ok, speedup
+from cs336_systems.report.facts import (
+    OVERHEAD_FLAT,
+    OVERHEAD_WORK,
+    covered,
+    not_ok,
+    overhead_bound,
+    speedup,
+)
 from cs336_systems.report.render import fmt
 from cs336_systems.report.tables import (
     ensure_columns,
@@ -147,15 +154,23 @@ def variability(ok: pd.DataFrame) -> dict | None:
 
 
 def backward_share(ok: pd.DataFrame) -> dict | None:
-    """Backward / forward and optimizer / step over the training steps."""
+    """Backward / forward and optimizer / step over the training steps whose time grows with
+    the context (the overhead-bound ones, where launches set both passes' times, counted
+    apart; all of them where none grows)."""
     steps = ok[(ok["mode"] == "train-step") & ok["backward_ms_mean"].notna()]
     if steps.empty:
         return None
+    flat = overhead_bound(steps, ["size", "precision"],
+                          steps["context_length"].astype(float), "step_ms_mean")
+    if not flat.all():
+        steps = steps[~flat]
     ratio = steps["backward_ms_mean"] / steps["forward_ms_mean"]
     share = steps["optimizer_ms_mean"] / steps["step_ms_mean"]
     return {"backward_over_forward": {"min": ratio.min(), "median": ratio.median(),
                                       "max": ratio.max()},
-            "optimizer_share": {"min": share.min(), "max": share.max()}}
+            "optimizer_share": {"min": share.min(), "max": share.max()},
+            "steps": len(steps), "overhead_bound": int(flat.sum()) if not flat.all() else 0,
+            "overhead": {"work": OVERHEAD_WORK, "flat": OVERHEAD_FLAT}}
 
 
 def scaling(ok: pd.DataFrame) -> dict | None:
