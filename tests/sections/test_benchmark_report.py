@@ -7,12 +7,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from support.checkout import ROOT
 
 from cs336_systems.report.facts import jsonable
 from cs336_systems.report.render import render
 from cs336_systems.sections import Section
 from cs336_systems.sections.benchmark import report as benchmark
-from support.checkout import ROOT
 
 OPTIONS = {"main_warmup_steps": 5,
            "assignment": yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["benchmark"]}

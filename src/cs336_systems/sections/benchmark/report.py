@@ -27,9 +27,9 @@ from cs336_systems.report.tables import (
     ensure_columns,
     env_columns,
     env_summary,
+    long_table,
     mean_pm_std,
     records_frame,
-    long_table,
     to_markdown,
     write_table,
 )
