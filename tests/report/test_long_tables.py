@@ -22,7 +22,9 @@ def test_a_longer_table_links_its_csv_and_shows_the_summary(tmp_path):
     table = long_table(_frame(MAX_SHOWN_ROWS + 1), tmp_path / "tables/t.csv", _frame(3))
     assert not table["whole"] and table["rows"] == MAX_SHOWN_ROWS + 1
     text = shown(table, tmp_path / "report")
-    assert text.startswith(f"_All {MAX_SHOWN_ROWS + 1} rows are in [t.csv](../tables/t.csv)._")
+    assert text.startswith(f"_The whole table has {MAX_SHOWN_ROWS + 1} rows; its data are in "
+                           "[t.csv](../tables/t.csv)._")
     assert text.count("\n| ") == 1 + 3  # the summary: its header and its rows
     without = shown(long_table(_frame(MAX_SHOWN_ROWS + 1), tmp_path / "t.csv"), tmp_path)
-    assert without == f"_All {MAX_SHOWN_ROWS + 1} rows are in [t.csv](t.csv)._"
+    assert without == (f"_The whole table has {MAX_SHOWN_ROWS + 1} rows; its data are in "
+                       "[t.csv](t.csv)._")

@@ -63,8 +63,8 @@ def relative_link(target: str | Path, base_dir: str | Path) -> str:
 def long_table(table: dict, link_base: str | Path) -> str:
     if table["whole"]:
         return table["markdown"]
-    note = (f"_All {table['rows']} rows are in [{Path(table['csv']).name}]"
-            f"({relative_link(table['csv'], link_base)})._")
+    note = (f"_The whole table has {table['rows']} rows; its data are in "
+            f"[{Path(table['csv']).name}]({relative_link(table['csv'], link_base)})._")
     return f"{note}\n\n{table['markdown']}" if table["markdown"] else note
 
 

@@ -78,7 +78,7 @@ def to_markdown(frame: pd.DataFrame) -> str:
 def long_table(whole: pd.DataFrame, csv_path: str | Path,
                summary: pd.DataFrame | None = None) -> dict:
     """A table for the text, as the `long_table` filter of report.render shows it: the whole
-    table up to `MAX_SHOWN_ROWS` rows; beyond that a line linking the CSV that holds every row
+    table up to `MAX_SHOWN_ROWS` rows; beyond that a line linking the CSV of its data
     (`csv_path`, the section's tidy table) and `summary`, which the template introduces."""
     whole_shown = len(whole) <= MAX_SHOWN_ROWS
     shown = whole if whole_shown else summary
