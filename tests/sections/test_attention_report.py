@@ -171,3 +171,48 @@ def test_a_negative_difference_is_counted(facts, tmp_path):
     changed["compile"]["compile_ms"].update(min=200.0, negative=0)
     text = " ".join(render(Section("attention").template, changed, link_base=tmp_path).split())
     assert "below zero" not in text and "(200 to" in text
+
+
+def test_the_answers_open_the_section_with_the_records_numbers(facts, tmp_path):
+    """3.1 opens with one line per part: the timings' range from the uncapped eager records,
+    the first out-of-memory, how memory grows (a word from the fitted exponents) and what
+    tiling saves."""
+    ok = []
+    for d in DEFAULTS["attention"]["d_heads"]:
+        for seq in DEFAULTS["attention"]["seq_lengths"]:
+            record = json.loads((QUICK / f"attention/eager_d{d}_seq{seq}_uncapped.json")
+                                .read_text())
+            if record["status"] == "ok":
+                ok.append((record["metrics"]["forward_ms_mean"], d, seq))
+    fastest, slowest = min(ok), max(ok)
+    text = " ".join(render(Section("attention").template, facts, link_base=tmp_path).split())
+    answers = text[text.index("**Answers.**"):text.index("Attention alone, softmax")]
+    assert (f"a forward takes {fastest[0]:.3f} ms (d {fastest[1]}, seq {fastest[2]}) to "
+            f"{slowest[0]:.1f} ms (d {slowest[1]}, seq {slowest[2]})") in answers
+    assert f"first at d {facts['accounting']['d']}, seq {facts['accounting']['seq']}" in answers
+    assert "grows nearly quadratically" in answers and "less than plain PyTorch" in answers
+
+
+@pytest.mark.parametrize("exponents, word", [
+    ((1.95, 1.88), "nearly quadratically"), ((1.0, 1.1), "nearly linearly"),
+    ((1.5, 1.9), "faster than linearly, slower than quadratically"),
+    ((2.5,), "neither linearly nor quadratically")])
+def test_the_growth_word_follows_the_fitted_exponents(exponents, word):
+    assert attention.growth_word([{"exponent": b} for b in exponents]) == word
+
+
+def test_the_whole_model_summary_counts_faster_slower_and_ties_per_mode():
+    def row(size, mode, vanilla, compiled, std):
+        return {"size": size, "mode": mode, "vanilla_ms": vanilla, "vanilla_std": std,
+                "compiled_ms": compiled, "compiled_std": std, "compile_ms": 1000.0 * compiled,
+                "speedup": attention.speedup(compiled, vanilla, std, std)}
+    rows = [row("small", "forward", 20.0, 10.0, 0.1), row("xl", "forward", 100.0, 101.0, 2.0),
+            row("small", "train-step", 50.0, 60.0, 0.1)]
+    summary = attention.model_compile_summary(rows)
+    forward = summary["forward"]
+    assert (forward["faster"], forward["slower"], forward["ties"]) == (1, 0, 1)
+    assert (forward["min"], forward["max"]) == pytest.approx((100 / 101, 2.0))
+    assert (forward["compile_s_min"], forward["compile_s_max"]) == pytest.approx((10.0, 101.0))
+    assert (summary["train-step"]["slower"], summary["train-step"]["faster"]) == (1, 0)
+    table = attention.to_markdown(attention.model_compile_display(rows))
+    assert "| 0.99x *" in table and "| 2.00x " in table

@@ -24,7 +24,7 @@ from cs336_systems.report.facts import (
     overhead_bound,
     speedup,
 )
-from cs336_systems.report.render import fmt
+from cs336_systems.report.render import fmt, fmt_ratio
 from cs336_systems.report.tables import (
     ensure_columns,
     env_columns,
@@ -301,14 +301,35 @@ def model_compile_facts(models: pd.DataFrame) -> list[dict]:
     return sorted(out, key=lambda r: (SIZE_ORDER[r["size"]], r["mode"]))
 
 
-def model_display(models: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame({
-        "size": models["size"], "context": models["context_length"], "mode": models["mode"],
-        "precision": models["precision"], "model": models["variant"], "status": models["status"],
-        "step ms": [mean_pm_std(m, s) for m, s in zip(models["step_ms_mean"],
-                                                      models["step_ms_std"])],
-        "first step ms": models["first_step_ms"].map(lambda v: fmt(v, 1)),
-    })
+def model_compile_display(rows: list[dict]) -> pd.DataFrame:
+    """One row per size and mode: vanilla and compiled step times, compiled's speed-up (`*`:
+    inside the two times' spread) and the compilation the first step paid."""
+    return pd.DataFrame([{
+        "size": r["size"], "mode": r["mode"],
+        "vanilla ms": mean_pm_std(r["vanilla_ms"], r["vanilla_std"]),
+        "compiled ms": mean_pm_std(r["compiled_ms"], r["compiled_std"]),
+        "compiled speed-up": fmt_ratio(r["speedup"]["ratio"])
+        + (" *" if r["speedup"]["within_spread"] else ""),
+        "compilation s": fmt(r["compile_ms"] / 1000, 1)} for r in rows])
+
+
+def model_compile_summary(rows: list[dict]) -> dict:
+    """Per mode: the range of compiled's speed-ups, how many are faster beyond the spread,
+    slower beyond it, or ties, and the range of the compilation's seconds."""
+    out = {}
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = [r for r in rows if r["mode"] == mode]
+        ratios = [r["speedup"]["ratio"] for r in mine]
+        ties = [r for r in mine if r["speedup"]["within_spread"]]
+        out[mode] = {"sizes": len(mine), "min": min(ratios), "max": max(ratios),
+                     "faster": sum(r["speedup"]["ratio"] > 1 and not r["speedup"]["within_spread"]
+                                   for r in mine),
+                     "slower": sum(r["speedup"]["ratio"] < 1 and not r["speedup"]["within_spread"]
+                                   for r in mine),
+                     "ties": len(ties),
+                     "compile_s_min": min(r["compile_ms"] for r in mine) / 1000,
+                     "compile_s_max": max(r["compile_ms"] for r in mine) / 1000}
+    return out
 
 
 # --- the section -----------------------------------------------------------------------------
@@ -326,6 +347,36 @@ def _left_out(table: pd.DataFrame, models: pd.DataFrame, assignment: dict) -> tu
     return sweep, "; ".join(filter(None, [sweep, f"whole model: {sizes}" if sizes else ""]))
 
 
+def timing_range(ok: pd.DataFrame) -> dict | None:
+    """The eager sweep's fastest and slowest shape per pass, and backward over forward."""
+    if ok.empty:
+        return None
+    out = {}
+    for p in PASSES:
+        timed = ok.dropna(subset=[f"{p}_ms_mean"])
+        lo = timed.loc[timed[f"{p}_ms_mean"].idxmin()]
+        hi = timed.loc[timed[f"{p}_ms_mean"].idxmax()]
+        out[p] = {"min": lo[f"{p}_ms_mean"], "min_d": lo["d"], "min_seq": lo["seq"],
+                  "max": hi[f"{p}_ms_mean"], "max_d": hi["d"], "max_seq": hi["seq"]}
+    ratio = (ok["backward_ms_mean"] / ok["forward_ms_mean"]).dropna()
+    out["backward_over_forward"] = {"min": ratio.min(), "max": ratio.max()}
+    return out
+
+
+def growth_word(scaling: list[dict]) -> str | None:
+    """How memory before backward grows with seq, from the fitted exponents: 'nearly
+    quadratically' where every one is within 0.2 of 2, else their range's words."""
+    if not scaling:
+        return None
+    exponents = [s["exponent"] for s in scaling]
+    if all(abs(b - 2) <= 0.2 for b in exponents):
+        return "nearly quadratically"
+    if all(abs(b - 1) <= 0.2 for b in exponents):
+        return "nearly linearly"
+    return "faster than linearly, slower than quadratically" if all(1 < b < 2 for b in exponents) \
+        else "neither linearly nor quadratically"
+
+
 def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:
     """Records -> outputs (the attention table, the whole-model table, the memory figure) and
     the section's facts. options: assignment, the attention part of the full matrix."""
@@ -340,6 +391,10 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     eager_ok = eager[eager["status"] == "ok"]
     first = table.iloc[0] if len(table) else None
     sweep_missing, compile_missing = _left_out(table, models, options["assignment"])
+    uncapped = eager_ok[eager_ok["cap"] == "uncapped"] if (eager_ok["cap"] == "uncapped").any() \
+        else eager_ok
+    scaling = scaling_facts(uncapped, "memory_before_backward_gib")
+    model_compile = model_compile_facts(models)
     return {
         "env": env_summary(table, models),
         "coverage": {
@@ -358,12 +413,14 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "failures": [f for f in not_ok(table, ["variant", "d", "seq", "cap"])
                      if f["status"] != "oom"],
         "accounting": accounting_facts(eager),
-        "scaling": scaling_facts(eager_ok[eager_ok["cap"] == "uncapped"]
-                                 if (eager_ok["cap"] == "uncapped").any() else eager_ok,
-                                 "memory_before_backward_gib"),
+        "scaling": scaling,
+        "growth": growth_word(scaling),
+        "timing": timing_range(uncapped),
         "flash_memory": flash_memory_facts(flash),
         "compile": compile_facts(table),
-        "model_table": to_markdown(model_display(models)),
-        "model_compile": model_compile_facts(models),
+        "model_compile": model_compile,
+        "model_compile_table": to_markdown(model_compile_display(model_compile))
+        if model_compile else "",
+        "model_compile_summary": model_compile_summary(model_compile),
         "memory_figure": outputs["memory_figure"],
     }
