@@ -130,12 +130,14 @@ def test_the_slurm_profile_asks_each_job_for_what_its_rule_needs(workdir, preset
 
 def test_the_leaderboard_plans_for_two_gpus(workdir):
     """The leaderboard's run on two GPUs is one command: the assignment preset plans every
-    variant as a two-GPU, two-process job at the full shape (no SLURM plugin needed)."""
+    variant of its full matrix as a two-GPU, two-process job at the full shape (no SLURM
+    plugin needed), beside the one-GPU proxy's."""
     out = snakemake(workdir, "results/assignment/sections/leaderboard.md", "--dry-run",
                     "--forceall", "--cores", "2", "--config", "preset=assignment").stdout
     board = _preset(workdir, "assignment")["leaderboard"]
-    (matrix,) = board["matrices"]
-    jobs = [job for job in planned_jobs(out) if job["rule"] == "leaderboard"]
+    (matrix,) = [m for m in board["matrices"] if m["name"] == "full"]
+    jobs = [job for job in planned_jobs(out) if job["rule"] == "leaderboard"
+            and job["wildcards"]["matrix"] == "full"]
     assert sorted(job["wildcards"]["variant"] for job in jobs) == sorted(matrix["variants"])
     assert {job["wildcards"]["matrix"] for job in jobs} == {matrix["name"]}
     assert matrix["world_size"] == 2 and matrix["layers"] is None and board["shape"] == "8b"
