@@ -19,13 +19,13 @@ SHAPE = {"size": "small", "context_length": 512, "batch_size": 4, "precision": "
 
 
 def _training(tmp_path, run, loop_ms, spread=0.1, optimizer_ms=2.0, status="ok", peak=3.0,
-              size="small"):
+              size="small", ceiling=750.0):
     metrics = {} if status != "ok" else {
         **{f"loop_step_ms_{s}": v for s, v in (("mean", loop_ms), ("std", spread),
                                               ("median", loop_ms), ("min", loop_ms - spread),
                                               ("max", loop_ms + spread))},
         "step_ms_median": loop_ms + 1, "optimizer_ms_median": optimizer_ms, "peak_gib": peak,
-        "matmul_tflops": 750.0, "model_flops": 1.6e12}
+        "matmul_tflops": ceiling, "model_flops": 1.6e12}
     path = tmp_path / f"{size}-{run}.json"
     write_json_atomic(path, make_record("training", {**SHAPE, "size": size, "run": run}, status,
                                         metrics, ENV,
@@ -56,6 +56,21 @@ def _facts(tmp_path, training, optimizer):
     facts = section.build({"training": training, "optimizer": optimizer}, {}, outputs)
     text = " ".join(render(Section("training").template, facts, link_base=tmp_path).split())
     return facts, text
+
+
+def test_the_ceiling_share_says_how_far_the_jobs_own_ceilings_move_it(tmp_path):
+    """Each job measures the matmul ceiling: the share is against their median, and the
+    jobs' range bounds it (1.6e12 FLOPs in 4 ms: 400 TFLOP/s against 720 to 800)."""
+    training = [_training(tmp_path, "ours-fa2-fused-graphs", 4.0, ceiling=800.0),
+                _training(tmp_path, "ours-sdpa-fused-graphs", 5.0, ceiling=720.0),
+                _training(tmp_path, "hf-llama-compiled", 8.0, ceiling=760.0)]
+    facts, text = _facts(tmp_path, training, [])
+    size = facts["training"][0]
+    assert size["ceiling_tflops"] == 760.0 and size["ceiling_range"]["jobs"] == 3
+    assert size["best"]["ceiling_share_range"] == pytest.approx({"min": 0.5, "max": 400 / 720})
+    assert ("53% of the 760 TFLOP/s a large bf16 matrix product reached in the same jobs, at "
+            "the median; the 3 jobs' own products reached 720 to 800 TFLOP/s, so the share is "
+            "50% to 56% within that spread") in text
 
 
 def test_the_fastest_of_ours_against_each_stock_part(tmp_path):

@@ -185,13 +185,20 @@ def training_facts(frame: pd.DataFrame) -> list[dict]:
         # what one lever buys: each run beside its twin without it, in the same matrix
         fused_gain = _twin_gains(ok, "optimizer", "adamw-fused", "adamw")
         masters_gain = _twin_gains(ok, "master_weights", True, False)
+        # the ceiling is measured in each job: its range says how far the share can be trusted
+        ceilings = ok["matmul_tflops"].dropna()
         out.append({
             "size": size, "ceiling_tflops": ceiling,
+            "ceiling_range": None if ceilings.empty else {
+                "min": number(ceilings.min()), "max": number(ceilings.max()), "jobs": len(ceilings)},
             "table": to_markdown(shown),
             "best": None if best is None else {
                 "label": RUNS[best].label, "ms": number(ok.loc[best, "ms_median"]),
                 "tflops": number(ok.loc[best, "tflops"]),
                 "ceiling_share": number(ok.loc[best, "tflops"] / ceiling) if ceiling else None,
+                "ceiling_share_range": None if ceilings.empty else {
+                    "min": number(ok.loc[best, "tflops"] / ceilings.max()),
+                    "max": number(ok.loc[best, "tflops"] / ceilings.min())},
                 "peak_gib": number(ok.loc[best, "peak_gib"])},
             "against": against, "fused_gain": fused_gain, "masters_gain": masters_gain,
             "not_measured": not_ok(group, ["label"])})
