@@ -80,6 +80,11 @@ def speedup(time: float, reference: float, time_std: float | None = None,
 OVERHEAD_WORK, OVERHEAD_FLAT = 4.0, 1.5
 
 
+def overhead_rule() -> dict:
+    """The rule's two factors, for a section's facts (its template states them)."""
+    return {"work": OVERHEAD_WORK, "flat": OVERHEAD_FLAT}
+
+
 def overhead_bound(frame: pd.DataFrame, kind: list[str], work: pd.Series, time: str
                    ) -> pd.Series:
     """Per row of `frame`, whether its `time` is overhead-bound against the rows of the same

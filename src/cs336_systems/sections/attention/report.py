@@ -17,11 +17,10 @@ from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.pipeline.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import (
-    OVERHEAD_FLAT,
-    OVERHEAD_WORK,
     covered,
     not_ok,
     overhead_bound,
+    overhead_rule,
     speedup,
 )
 from cs336_systems.report.render import fmt, fmt_ratio
@@ -248,7 +247,7 @@ def compile_facts(table: pd.DataFrame) -> dict | None:
             pairs[(cap, d, seq)] = by
     if not pairs:
         return None
-    out = {"cap": first_cap, "overhead": {"work": OVERHEAD_WORK, "flat": OVERHEAD_FLAT}}
+    out = {"cap": first_cap, "overhead": overhead_rule()}
     # a pass whose time hardly grows with the shape's work (batch x seq^2 x d) measured
     # launches: its pair is counted apart
     work = ok["batch_size"] * ok["seq"].astype(float) ** 2 * ok["d"]

@@ -15,11 +15,10 @@ from cs336_systems.lm.step import MODES
 from cs336_systems.pipeline.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import (
-    OVERHEAD_FLAT,
-    OVERHEAD_WORK,
     covered,
     not_ok,
     overhead_bound,
+    overhead_rule,
     speedup,
 )
 from cs336_systems.report.render import fmt
@@ -170,7 +169,7 @@ def backward_share(ok: pd.DataFrame) -> dict | None:
                                       "max": ratio.max()},
             "optimizer_share": {"min": share.min(), "max": share.max()},
             "steps": len(steps), "overhead_bound": int(flat.sum()) if not flat.all() else 0,
-            "overhead": {"work": OVERHEAD_WORK, "flat": OVERHEAD_FLAT}}
+            "overhead": overhead_rule()}
 
 
 def scaling(ok: pd.DataFrame) -> dict | None:

@@ -20,12 +20,11 @@ import pandas as pd
 from cs336_systems.lm.attention import attention_label, attention_part_flops
 from cs336_systems.report import figures
 from cs336_systems.report.facts import (
-    OVERHEAD_FLAT,
-    OVERHEAD_WORK,
     covered,
     jsonable,
     not_ok,
     overhead_bound,
+    overhead_rule,
     reason,
     speedup,
 )
@@ -448,7 +447,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "speedup_over": {over: speedup_summary(table, over) for over in REFERENCES},
         "pass_speedups": {over: pass_speedups(table, over) for over in REFERENCES},
         "timed_cells": len(timed),
-        "overhead": {"work": OVERHEAD_WORK, "flat": OVERHEAD_FLAT, "of": len(timed),
+        "overhead": {**overhead_rule(), "of": len(timed),
                      "count": int(flags.sum())},
         # the kernels compared where the GPU is busy: neither cell overhead-bound
         "speedup_busy": {over: speedup_summary(busy, over) for over in REFERENCES},

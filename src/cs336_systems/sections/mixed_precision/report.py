@@ -20,11 +20,10 @@ from cs336_systems.lm.step import MODES
 from cs336_systems.pipeline.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import (
-    OVERHEAD_FLAT,
-    OVERHEAD_WORK,
     covered,
     not_ok,
     overhead_bound,
+    overhead_rule,
     reason,
     speedup,
 )
@@ -490,7 +489,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
             "table": long_table(speedup_display(speedups), outputs["speedup_table"],
                                 speedup_by_context(speedups)) if not speedups.empty else None,
             "on_cuda": on_cuda, "trends": trends(speedups), "summary": speedup_summary(speedups),
-            "overhead": {"work": OVERHEAD_WORK, "flat": OVERHEAD_FLAT},
+            "overhead": overhead_rule(),
             "sizes": sorted(set(speedups["size"]), key=SIZE_ORDER.get) if len(speedups) else [],
             "failures": not_ok(bench, ["size", "context_length", "mode", "precision"])
             if len(bench) else [],
