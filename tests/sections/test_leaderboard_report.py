@@ -99,6 +99,14 @@ def test_a_tie_inside_the_spread_is_called_one(tmp_path):
     assert "a tie (4 ms, inside the spread)" in text
 
 
+def test_the_fastest_is_called_a_tie_with_the_next_only_inside_the_spread(tmp_path):
+    facts, text = _one(tmp_path, _matrix(tmp_path, cudnn=2500.0, ours=2507.0))
+    assert facts["best"]["runner_up"]["variant"] == "ours"
+    assert "It is not clearly ahead of the next, ours, every lever (2507 ms)" in text
+    _, apart = _facts(tmp_path, _matrix(tmp_path, cudnn=2500.0, ours=2700.0))
+    assert "not clearly ahead" not in apart
+
+
 def test_a_failed_check_and_a_slow_cold_start_are_said(tmp_path):
     facts, text = _one(tmp_path, _matrix(tmp_path, grad_diff=0.2, wall=700.0))
     assert facts["check"]["passed"] == facts["check"]["count"] - 1

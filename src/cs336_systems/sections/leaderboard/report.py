@@ -136,6 +136,19 @@ def table_of(frame: pd.DataFrame, ceiling: float | None, levers: list[dict]) -> 
                   for _, r in frame.iterrows()]})
 
 
+def _runner_up(ours_side: pd.DataFrame, fastest: str) -> dict | None:
+    """The next fastest of our variants against the fastest, and whether the two are a tie
+    (their difference inside the measured spread), so that "fastest" is not said of noise."""
+    others = ours_side.drop(index=fastest)
+    if others.empty:
+        return None
+    name = others["step_ms_median"].idxmin()
+    compared = _step_speedup(ours_side.loc[fastest], others.loc[name])
+    return {"variant": name, "label": variant_label(name),
+            "ms": number(others.loc[name, "step_ms_median"]),
+            "tie": bool(compared and compared["within_spread"])}
+
+
 def shape_facts(frame: pd.DataFrame, assignment: dict) -> dict:
     first = frame.iloc[0]
     spec = LEADERBOARD_SHAPES[first["shape"]]
@@ -196,6 +209,7 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
                 "over_floor": number(row["step_ms_median"] / floor_ms) if floor_ms else None,
                 "model_flops": number(row["model_flops"]),
                 "is_ours": fastest == OURS,
+                "runner_up": _runner_up(ours_side, fastest),
                 "class_best": None if shape["proxy"] else {
                     "ms": CLASS_BEST_MS,
                     "ratio": number(row["step_ms_median"] / CLASS_BEST_MS)}}
