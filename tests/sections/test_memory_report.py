@@ -230,6 +230,16 @@ def test_known_answers_from_cuda_records(cuda_records, tmp_path):
             "2.7b ctx 2048 train-step fp32.") in flat
     assert "needs a network" in flat and "pytorch.org/memory_viz" in flat
     assert "{{" not in text and "nan" not in flat.lower().replace("nano", "")
+    # the answers open the section, each from the facts above: where the peaks fall (the
+    # training step's one fp32 run at 2048 ran out of memory, so its fp32 line has one context)
+    answers = flat[flat.index("**Answers.**"):flat.index("`python -m")]
+    assert "**(a), (b)** 2.7b forward: the peak falls in the forward in 4 of 4 runs; in fp32" \
+        in answers
+    assert "**(a), (b)** 2.7b train-step: the peak falls in the optimizer in 3 of 3 runs; in " \
+        "fp32 it is 65.00 GiB at context 128." in answers
+    assert "**(c)** 2.7b train-step: bf16 autocast barely changes the peak" in answers
+    assert "5.00 MiB for 2.7b at context 128, 80.00 MiB at 2048" in answers
+    assert f"320.0 MiB, made 1 time by lm/model.py:{FFN_LINE} (`forward`)" in answers
 
 
 def test_the_tables_hold_every_record_and_every_largest_row(cuda_records, tmp_path):

@@ -168,6 +168,26 @@ def stages(frame: pd.DataFrame) -> list[dict]:
             for _, r in ok.iterrows()]
 
 
+def peak_summary(frame: pd.DataFrame) -> list[dict]:
+    """(a), (b) in one line per size and mode: where its peaks fall (how many runs in each
+    stage), and its fp32 peak from the shortest context measured to the longest."""
+    ok = frame[frame["status"] == "ok"]
+    summary = []
+    for (size, mode), group in ok.groupby(["size", "mode"], sort=False):
+        stage_counts = group["peak_stage"].fillna("an unmarked phase").value_counts()
+        fp32 = group[group["precision"] == "fp32"].sort_values("context_length")
+        summary.append({
+            "size": size, "mode": mode, "runs": len(group),
+            "stages": [{"stage": stage, "count": int(n)} for stage, n in stage_counts.items()],
+            "fp32": None if fp32.empty else {
+                "first_context": int(fp32["context_length"].iloc[0]),
+                "first_gib": float(fp32["peak_gib"].iloc[0]),
+                "last_context": int(fp32["context_length"].iloc[-1]),
+                "last_gib": float(fp32["peak_gib"].iloc[-1]),
+                "contexts": len(fp32)}})
+    return summary
+
+
 # --- (b), (c) peaks --------------------------------------------------------------------------
 
 def peak_cell(row, key: str) -> str:
@@ -456,6 +476,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "attention": None if first is None else first["attention"],
         "figures": figure_paths,
         "stages": stages(frame),
+        "peak_summary": peak_summary(frame),
         "peak_table": peak_table(frame),
         "bf16": bf16_facts(frame),
         "model_table": model_table(frame),
