@@ -134,6 +134,14 @@ def test_known_answers_from_cuda_records(cuda_records, tmp_path):
     assert "per FLOP it is 20.0x\n  slower" in text or "per FLOP it is 20.0x slower" in text
     # (c): the elementwise exp is named by its functor and is above 1%
     assert "vectorized_elementwise_kernel<exp_kernel_cuda>" in facts["non_matmul"]["table"]["markdown"]
+    # the answers open the section, from the same facts
+    flat = " ".join(text.split())
+    answers = flat[flat.index("**Answers.**"):flat.index("`python -m")]
+    assert "**(a)** The profiled forward's span is 0.98x to 0.98x the harness's time without " \
+        "the profiler (1 of 1 configurations inside its spread)" in answers
+    assert "A matrix multiply leads the forward's kernels in 1 of 1 configurations" in answers
+    assert "lower than in the forward in 1 of 1 configurations." in answers
+    assert "per FLOP 20.0x to 20.0x slower." in answers
 
 
 @pytest.mark.parametrize("name, short", [
