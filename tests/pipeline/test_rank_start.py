@@ -79,7 +79,7 @@ def test_a_hung_rank_is_killed_at_the_time_limit(tmp_path, monkeypatch):
     monkeypatch.delenv(torchrun.RANKS_ENV, raising=False)
     record = _launch(tmp_path, _rank_one_hangs, timeout_s=3)
     assert record["status"] == "error"
-    assert "timed out after 3 s" in record["message"]
+    assert "did not finish within 3 s" in record["message"]
 
 
 def test_torchrun_start_still_records_the_same_job(tmp_path, monkeypatch):

@@ -10,7 +10,8 @@ out-of-memory, a crash, a timeout) raises `WorkerFailure` carrying the tail of i
 which `run_and_record` files as `oom` or `error`.
 
 How the workers start (`rank_start`): on gloo they are forked from the launcher, which has
-imported everything they need, so a rank starts in a fraction of a second; with nccl (or with
+imported everything they need, so a rank starts in a fraction of a second (`launch.spawn`,
+the tests' launcher, with its fork start method); with nccl (or with
 `CS336_RANKS=torchrun`) the launcher re-runs the same module with the same arguments under
 `torchrun --standalone`, fresh processes that initialise CUDA for themselves (CUDA does not
 survive a fork once the launcher has started it), about seven seconds of interpreter starts and
@@ -26,18 +27,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from cs336_systems.distributed.launch import (
-    MASTER_ADDR,
     cleanup,
-    free_port,
     setup_from_env,
+    spawn,
     unavailable_reason,
 )
 from cs336_systems.paths import SRC_ROOT
@@ -68,13 +66,13 @@ def rank_start(backend: str) -> str:
 
 
 class WorkerFailure(RuntimeError):
-    """The workers ended without rank 0's metrics; the message starts with the line of their
-    output that says why (an out-of-memory line if there is one) and ends with the tail."""
+    """The torchrun workers ended without rank 0's metrics; the message starts with the line of
+    their output that says why (an out-of-memory line if there is one) and ends with the tail."""
 
     def __init__(self, returncode: int | None, output: str):
         lines = output.splitlines()
         cause = next((line for line in lines if "out of memory" in line.lower()), None)
-        summary = cause or f"the workers exited with code {returncode} and no metrics"
+        summary = cause or f"torchrun workers exited with code {returncode} and no metrics"
         super().__init__(f"{summary.strip()}\n{output[-4000:]}")
 
 
@@ -120,98 +118,35 @@ def _torchrun(module: str, argv: Sequence[str], world_size: int, timeout_s: floa
 
 def _fork_ranks(work: Work, config: dict, world_size: int, backend: str,
                 timeout_s: float) -> dict:
-    """Fork one worker per rank from this process, each with torchrun's environment and its
-    output in a file of its own; wait for all (killing the rest when one fails or the time is
-    up) and return rank 0's metrics, or raise `WorkerFailure` with their output."""
+    """Fork one worker per rank from this process (`launch.spawn`, which kills the rest when
+    one fails or the time is up and raises with the first failure) and return rank 0's
+    metrics."""
     with tempfile.TemporaryDirectory() as tmp:
         metrics_file = Path(tmp) / "rank0.json"
-        logs = [Path(tmp) / f"rank{rank}.log" for rank in range(world_size)]
-        environment = {"MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(free_port()),
-                       "WORLD_SIZE": str(world_size), METRICS_FILE_ENV: str(metrics_file)}
-        sys.stdout.flush()
-        sys.stderr.flush()
-        ranks = {}
-        for rank in range(world_size):
-            pid = os.fork()
-            if pid == 0:
-                _forked_rank(work, config, backend,
-                             {**environment, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                             logs[rank])
-            ranks[pid] = rank
-        returncode = _wait_for_ranks(ranks, timeout_s)
-        output = "".join(log.read_text(errors="replace") for log in logs if log.exists())
-        if returncode == "timeout":
-            output = f"timed out after {timeout_s} s\n{output}"
-        sys.stderr.write(output)  # the workers' own log lines, into this job's log
-        if returncode == 0 and metrics_file.exists():
-            return json.loads(metrics_file.read_text())
-        raise WorkerFailure(None if returncode == "timeout" else returncode, output)
+        spawn(_forked_rank, world_size, backend, args=(work, config, str(metrics_file)),
+              timeout_s=timeout_s, start_method="fork")
+        return json.loads(metrics_file.read_text())
 
 
-def _forked_rank(work: Work, config: dict, backend: str, environment: dict,
-                 log: Path) -> None:
-    """A forked worker: its output to `log`, torchrun's environment, `_work`; never returns."""
-    code = 1
-    try:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        # the launcher's sys.stdout and sys.stderr may not write to fds 1 and 2 (a test's capture)
-        sys.stdout = sys.stderr = os.fdopen(fd, "w", buffering=1)
-        os.environ.update(environment)
-        logging.getLogger().handlers.clear()  # the launcher's handlers; _work sets the rank's
-        os.environ["OMP_NUM_THREADS"] = "1"  # as torchrun sets it for several workers
-        torch.set_num_threads(1)
-        _work(work, config, backend)
-        code = 0
-    except BaseException:  # noqa: BLE001 - a fork must never unwind into the launcher's code
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def _wait_for_ranks(ranks: dict[int, int], timeout_s: float) -> int | str:
-    """Wait for every forked rank; the first non-zero exit code (the others are killed then),
-    "timeout" when the time ran out (all killed), else 0."""
-    deadline = time.monotonic() + timeout_s
-    running, failed = dict(ranks), 0
-    while running:
-        for pid in list(running):
-            if pid not in running:  # killed (and reaped) after a peer failed
-                continue
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if not done:
-                continue
-            del running[pid]
-            code = os.waitstatus_to_exitcode(status)
-            if code != 0 and not failed:
-                failed = code
-                _kill(running)  # its peers would wait for it in their next collective
-        if running and time.monotonic() > deadline:
-            _kill(running)
-            return "timeout"
-        time.sleep(0.02)
-    return failed
-
-
-def _kill(running: dict[int, int]) -> None:
-    for pid in list(running):
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-        del running[pid]
+def _forked_rank(rank: int, world_size: int, work: Work, config: dict,
+                 metrics_file: str) -> None:
+    logging.getLogger().handlers.clear()  # the launcher's; this rank's lines carry its number
+    _run_rank(work, config, rank, world_size, torch.device("cpu"), metrics_file)
 
 
 def _work(work: Work, config: dict, backend: str) -> None:
+    """A worker that torchrun started: join its group, run this rank, leave."""
     rank, world_size, device = setup_from_env(backend=backend)
-    configure_logging(prefix=f"rank {rank}: ")
     try:
-        metrics = work(config, rank, world_size, device)
-        if rank == 0:
-            write_json_atomic(os.environ[METRICS_FILE_ENV], metrics)
+        _run_rank(work, config, rank, world_size, device, os.environ[METRICS_FILE_ENV])
     finally:
         cleanup()
+
+
+def _run_rank(work: Work, config: dict, rank: int, world_size: int, device: torch.device,
+              metrics_file: str) -> None:
+    """One rank's work, in a joined group; rank 0 hands its metrics back through the file."""
+    configure_logging(prefix=f"rank {rank}: ")
+    metrics = work(config, rank, world_size, device)
+    if rank == 0:
+        write_json_atomic(metrics_file, metrics)
