@@ -58,6 +58,10 @@ def test_spawn_rejects_bad_arguments():
         spawn(_hanging_worker, 0)
     with pytest.raises(ValueError, match="backend"):
         spawn(_hanging_worker, 1, backend="mpi")
+    with pytest.raises(ValueError, match="start_method must be one of spawn, fork"):
+        spawn(_hanging_worker, 1, start_method="forkserver")
+    with pytest.raises(ValueError, match="CUDA does not survive a fork"):
+        spawn(_hanging_worker, 1, backend="nccl", start_method="fork")
 
 
 def test_setup_from_env_joins_torchruns_group(monkeypatch):
