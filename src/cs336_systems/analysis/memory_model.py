@@ -35,7 +35,7 @@ def block_residuals(spec: ModelSize, batch: int, seq: int) -> dict[str, int]:
         "RMSNorm 1: rsqrt(mean x^2)": rms,
         "RMSNorm 1: x * rms": token,
         "RMSNorm 1 output (qkv input)": token,
-        "RoPE cos and sin tables, q and k": 2 * 2 * seq * (d_head // 2) * FP32,
+        "RoPE cos and sin tables, q and k": 2 * 2 * seq * d_head * FP32,
         "RoPE q (q k^T input)": token,
         "RoPE k (q k^T input)": token,
         "v, made contiguous (p @ v input)": token,

@@ -75,22 +75,31 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotates consecutive pairs (x[2i], x[2i+1]) by angle pos * theta^(-2i/d)."""
+    """Rotates consecutive pairs (x[2i], x[2i+1]) by angle pos * theta^(-2i/d):
+
+        out[2i]   = x[2i] cos - x[2i+1] sin
+        out[2i+1] = x[2i+1] cos + x[2i] sin
+
+    computed as x * cos + swap(x) * sin with per-element tables (each pair's cosine twice, its
+    sine signed - then +), where swap exchanges the two elements of each pair: elementwise work
+    whose forward and backward compile to plain, coalesced kernels."""
 
     def __init__(self, d_head: int, max_seq_len: int, theta: float = ROPE_THETA, device=None):
         super().__init__()
         inv_freq = theta ** (-torch.arange(0, d_head, 2, device=device).float() / d_head)
         angles = torch.outer(torch.arange(max_seq_len, device=device).float(), inv_freq)
-        self.register_buffer("cos", angles.cos(), persistent=False)  # (max_seq, d_head/2)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        sign = torch.tensor([-1.0, 1.0], device=device)
+        # (max_seq, d_head): the angle of element j is the angle of pair j // 2
+        self.register_buffer("cos", angles.cos().repeat_interleave(2, dim=-1), persistent=False)
+        self.register_buffer("sin", (angles.sin()[..., None] * sign).flatten(-2),
+                             persistent=False)
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        # x: (..., seq, d_head); positions: (seq,)
-        cos, sin = self.cos[positions], self.sin[positions]
+        # x: (..., seq, d_head); positions: (..., seq), broadcast against x's leading axes
+        # (the attention passes (seq, 1) for x of (batch, seq, heads, d_head))
         pairs = rearrange(x, "... (half two) -> ... half two", two=2)
-        even, odd = pairs[..., 0], pairs[..., 1]
-        rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-        return rearrange(rotated, "... half two -> ... (half two)").to(x.dtype)
+        swapped = rearrange(pairs.flip(-1), "... half two -> ... (half two)")
+        return (x * self.cos[positions] + swapped * self.sin[positions]).to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -106,12 +115,16 @@ class CausalSelfAttention(nn.Module):
         self.attention = attention
 
     def forward(self, x: Tensor) -> Tensor:
-        # x: (batch, seq, d_model)
+        # x: (batch, seq, d_model). q, k and v stay token-major in memory, (batch, seq, heads,
+        # d_head), as the qkv matmul writes them and as fused attention kernels read them; the
+        # kernel takes (batch, heads, seq, d_head) views of them, and its output, laid out as
+        # q is, is (batch, seq, d_model) again without a transposing copy.
         seq_len = x.shape[-2]
-        q, k, v = rearrange(self.qkv_proj(x), "b s (three h d) -> three b h s d",
+        q, k, v = rearrange(self.qkv_proj(x), "b s (three h d) -> three b s h d",
                             three=3, h=self.num_heads)
-        positions = torch.arange(seq_len, device=x.device)
+        positions = torch.arange(seq_len, device=x.device)[:, None]  # (seq, 1): every head
         q, k = self.rope(q, positions), self.rope(k, positions)
+        q, k, v = (rearrange(t, "b s h d -> b h s d") for t in (q, k, v))
         out = self.attention(q, k, v, is_causal=True)  # (batch, heads, seq, d_head)
         return self.output_proj(rearrange(out, "b h s d -> b s (h d)"))
 

@@ -36,11 +36,11 @@ HANDOUT = {"mib": 3651, "batch_size": 4, "context_length": 2048, "num_heads": 16
            "source": "the CS336 spring 2026 assignment 2 handout, section 2 (autograd "
                      "residuals), as quoted in ASSIGNMENT.md"}
 MAX_EXTRA_TENSORS = 8  # the handout's difference is read as up to this many tensors of one kind
-KINDS = ("(B, h, T, T)", "(B, T, d_ff)", "(B, T, d_model)", "(T, T)", "(T, d_head/2)", "(B, T)",
+KINDS = ("(B, h, T, T)", "(B, T, d_ff)", "(B, T, d_model)", "(T, T)", "(T, d_head)", "(B, T)",
          "other")
 KIND_NOTES = {"(B, h, T, T)": "attention probabilities", "(B, T, d_ff)": "SwiGLU width",
               "(B, T, d_model)": "one residual-stream activation", "(T, T)": "causal mask",
-              "(T, d_head/2)": "RoPE cos or sin rows", "(B, T)": "one number per token",
+              "(T, d_head)": "RoPE cos or sin rows", "(B, T)": "one number per token",
               "other": "anything else"}
 CONFIG = ["target", "size", "d_model", "num_heads", "batch_size", "context_length", "variant",
           "precision"]
@@ -60,7 +60,7 @@ def tensor_kinds(config: dict) -> dict[str, int]:
         h = config["num_heads"]
         kinds.update({"(B, T, d_ff)": b * t * MODEL_SIZES[config["size"]].d_ff,
                       "(B, h, T, T)": b * h * t * t, "(T, T)": t * t,
-                      "(T, d_head/2)": t * (d // h // 2)})
+                      "(T, d_head)": t * (d // h)})
     return kinds
 
 
