@@ -30,17 +30,45 @@ def _compute_dtype(hidden: Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else hidden.dtype
 
 
+def _accumulate(total: Tensor, a: Tensor, b: Tensor) -> None:
+    """total += a @ b for fp32 `total`: one matmul accumulating into it where the inputs are
+    fp32 or the device has a mixed-precision one (CUDA's bf16 x bf16 -> fp32), else the product
+    cast up and added."""
+    if a.dtype == total.dtype:
+        total.addmm_(a, b)
+    elif total.is_cuda:
+        torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
+    else:
+        total += (a @ b).float()
+
+
+def _softmax_cross_entropy_torch(logits: Tensor, targets: Tensor, scale: float
+                                 ) -> tuple[Tensor, Tensor]:
+    """Each row's loss, and scale x its gradient (softmax minus the one-hot target) in logits'
+    dtype: the readable definition of `kernels.cross_entropy.softmax_cross_entropy_`, in fp32."""
+    logits = logits.float()
+    lse = logits.logsumexp(dim=-1)
+    losses = lse - logits.gather(-1, targets[:, None]).squeeze(-1)
+    grad = logits.sub_(lse[:, None]).exp_()                           # softmax, in place
+    grad[torch.arange(len(targets), device=targets.device), targets] -= 1.0
+    return losses, grad.mul_(scale)
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """mean_i CE(hidden_i W^T, target_i), chunk by chunk of tokens. The gradients are taken in
     the forward, while a chunk's logits exist (softmax minus the one-hot target, over the token
     count), as Liger-Kernel's fused linear cross-entropy does; the backward only scales them by
     the incoming gradient. Matmuls run in the autocast dtype, softmax and sums in fp32, and dW
-    accumulates in fp32."""
+    accumulates in fp32. With `kernel`, a chunk's loss and gradient are one Triton pass over
+    its logits, in place (`softmax_cross_entropy_`); else PyTorch ops in fp32."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int) -> Tensor:
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int,
+                kernel: bool) -> Tensor:
         dtype = _compute_dtype(hidden)
         tokens = hidden.shape[0]
+        if kernel:
+            from cs336_systems.kernels.cross_entropy import softmax_cross_entropy_
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(dtype)                                      # (vocab, d)
             grad_hidden = torch.empty(hidden.shape, dtype=dtype, device=hidden.device)
@@ -50,15 +78,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
             for start in range(0, tokens, chunk):
                 h = hidden[start:start + chunk].to(dtype)             # (c, d)
                 t = targets[start:start + chunk]
-                logits = (h @ w.T).float()                            # (c, vocab)
-                lse = logits.logsumexp(dim=-1)
-                total += (lse - logits.gather(-1, t[:, None]).squeeze(-1)).sum()
-                grad = logits.sub_(lse[:, None]).exp_()               # softmax, in place
-                grad[torch.arange(len(t), device=t.device), t] -= 1.0
-                grad = grad.div_(tokens).to(dtype)                    # dLoss/dlogits
-                grad_hidden[start:start + chunk] = grad @ w
+                logits = h @ w.T                                      # (c, vocab)
+                if kernel:
+                    losses, grad = softmax_cross_entropy_(logits, t, 1.0 / tokens), logits
+                else:
+                    losses, grad = _softmax_cross_entropy_torch(logits, t, 1.0 / tokens)
+                    grad = grad.to(dtype)                             # dLoss/dlogits
+                total += losses.sum()
+                torch.mm(grad, w, out=grad_hidden[start:start + chunk])
                 if grad_weight is not None:
-                    grad_weight += (grad.T @ h).float()
+                    _accumulate(grad_weight, grad.T, h)
         ctx.save_for_backward(grad_hidden, *([grad_weight] if grad_weight is not None else []))
         ctx.dtypes = hidden.dtype, weight.dtype
         return total / tokens
@@ -69,17 +98,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, *grad_weight = ctx.saved_tensors
         dh = (grad_hidden * grad_loss).to(hidden_dtype) if ctx.needs_input_grad[0] else None
         dw = (grad_weight[0] * grad_loss).to(weight_dtype) if grad_weight else None
-        return dh, dw, None, None
+        return dh, dw, None, None, None
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
-                         chunk: int = CHUNK_TOKENS) -> Tensor:
+                         chunk: int = CHUNK_TOKENS, kernel: bool | None = None) -> Tensor:
     """cross_entropy(hidden @ weight^T, targets) without the whole logits: hidden (..., d),
-    weight (vocab, d) as `Linear` holds it, targets (...) int64; `chunk` tokens at a time."""
+    weight (vocab, d) as `Linear` holds it, targets (...) int64 in [0, vocab); `chunk` tokens
+    at a time. `kernel`: a chunk's softmax and gradient in one Triton pass (default: on CUDA),
+    else in PyTorch ops."""
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1 token; got {chunk}")
     if hidden.shape[:-1] != targets.shape or hidden.shape[-1] != weight.shape[-1]:
         raise ValueError(f"hidden (..., d), weight (vocab, d) and targets (...) must agree; got "
                          f"{tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}")
+    if kernel is None:
+        kernel = hidden.is_cuda
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight,
-                                     targets.reshape(-1), chunk)
+                                     targets.reshape(-1), chunk, kernel)
