@@ -152,8 +152,23 @@ def _twin_gains(ok: pd.DataFrame, lever: str, on: object, off: object) -> list[d
                           "twin_ms": number(ok.loc[twin, "ms_median"]),
                           "speedup": _step_speedup(ok.loc[name], ok.loc[twin]),
                           "peak_gib": number(abs(peak)),
-                          "peak_word": "lower" if peak > 0 else "higher"})
+                          "peak_word": "lower" if peak > 0 else "higher",
+                          "optimizer": _optimizer_share(ok.loc[name], ok.loc[twin])})
     return gains
+
+
+def _optimizer_share(run: pd.Series, twin: pd.Series) -> dict | None:
+    """The optimizer's own phase (timed apart) in a run and its twin, and how much of the
+    step's difference lies outside that phase: where most of it does, the lever (which changes
+    only the optimizer) is not what made it."""
+    phase, twin_phase = run["optimizer_ms_median"], twin["optimizer_ms_median"]
+    if pd.isna(phase) or pd.isna(twin_phase):
+        return None
+    step_diff = run["ms_median"] - twin["ms_median"]
+    outside = step_diff - (phase - twin_phase)
+    return {"ms": number(phase), "twin_ms": number(twin_phase),
+            "outside_ms": number(outside),
+            "mostly_outside": bool(abs(outside) > abs(phase - twin_phase))}
 
 
 def training_facts(frame: pd.DataFrame) -> list[dict]:
