@@ -8,6 +8,7 @@ from conftest import DEVICE
 
 from cs336_systems.kernels.cross_entropy import softmax_cross_entropy_
 from cs336_systems.lm.loss import (
+    KERNEL_MODULE,
     _softmax_cross_entropy_torch,
     cross_entropy,
     linear_cross_entropy,
@@ -67,3 +68,12 @@ def test_chunked_loss_with_the_kernel_matches_the_plain_loss(chunk):
 def test_kernel_refuses_what_it_cannot_take(logits, targets, message):
     with pytest.raises(ValueError, match=message):
         softmax_cross_entropy_(logits.to(DEVICE), targets.to(DEVICE), 1.0)
+
+
+def test_the_leaderboard_jobs_that_run_the_kernel_list_it_as_a_source():
+    """The loss imports the kernel lazily, which the rules' source scan does not follow: a
+    variant with the chunked loss names it, so that editing the kernel redoes its jobs."""
+    from cs336_systems.sections.leaderboard.runs import VARIANTS
+    assert softmax_cross_entropy_.__module__ == KERNEL_MODULE
+    for name, variant in VARIANTS.items():
+        assert (KERNEL_MODULE in variant.modules()) == variant.chunked_loss, name

@@ -15,6 +15,9 @@ from torch import Tensor
 
 # Tokens per chunk of `linear_cross_entropy`: 4096 x 151936 fp32 logits are 2.5 GB.
 CHUNK_TOKENS = 4096
+# The kernel the chunked loss imports lazily on CUDA (Triton only when used): a rule whose job
+# runs the chunked loss lists it among its sources.
+KERNEL_MODULE = "cs336_systems.kernels.cross_entropy"
 
 
 def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
@@ -44,8 +47,8 @@ def _accumulate(total: Tensor, a: Tensor, b: Tensor) -> None:
 
 def _softmax_cross_entropy_torch(logits: Tensor, targets: Tensor, scale: float
                                  ) -> tuple[Tensor, Tensor]:
-    """Each row's loss, and scale x its gradient (softmax minus the one-hot target) in logits'
-    dtype: the readable definition of `kernels.cross_entropy.softmax_cross_entropy_`, in fp32."""
+    """Each row's loss, and scale x its gradient (softmax minus the one-hot target), both in
+    fp32: the readable definition of `kernels.cross_entropy.softmax_cross_entropy_`."""
     logits = logits.float()
     lse = logits.logsumexp(dim=-1)
     losses = lse - logits.gather(-1, targets[:, None]).squeeze(-1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cs336_systems.lm.attention import attention_label, attention_modules
+from cs336_systems.lm.loss import KERNEL_MODULE
 from cs336_systems.lm.optimizer import optimizer_label, optimizer_modules
 
 
@@ -31,7 +32,8 @@ class LeaderboardVariant:
 
     def modules(self) -> list[str]:
         """Package modules the variant imports lazily (its rule's sources)."""
-        return attention_modules(self.attention) + optimizer_modules(self.optimizer)
+        return (attention_modules(self.attention) + optimizer_modules(self.optimizer)
+                + ([KERNEL_MODULE] if self.chunked_loss else []))
 
 
 @dataclass(frozen=True)
