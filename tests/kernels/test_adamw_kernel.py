@@ -163,9 +163,11 @@ def test_what_the_kernel_refuses_it_says():
 
 
 def test_the_registry_builds_each_optimizer_and_names_its_kernel():
-    assert list(OPTIMIZERS) == ["adamw", "adamw-fused", "torch-adamw-fused"]
+    assert list(OPTIMIZERS) == ["adamw", "adamw-fused", "adamw-offloaded", "torch-adamw-fused"]
     assert isinstance(build_optimizer("adamw-fused", _params([(3,)])), FusedAdamW)
     assert optimizer_modules("adamw-fused") == ["cs336_systems.kernels.adamw"]
+    assert optimizer_modules("adamw-offloaded") == ["cs336_systems.kernels.adamw",
+                                                    "cs336_systems.lm.offloaded_adamw"]
     assert optimizer_modules("adamw") == []
     with pytest.raises(ValueError, match="unknown optimizer 'sgd'; allowed: adamw, adamw-fused"):
         build_optimizer("sgd", _params([(3,)]))

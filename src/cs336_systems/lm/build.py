@@ -71,7 +71,7 @@ def cpu_unavailable_reason(attention: str, optimizer: str, compile_: bool,
     triton = attention.startswith("flash-triton")
     if triton and precision != "fp32":
         return "Triton's CPU interpreter cannot run bf16 tl.dot (triton-lang/triton#11584)"
-    if compile_ and (triton or optimizer == "adamw-fused"):
+    if compile_ and (triton or optimizer in ("adamw-fused", "adamw-offloaded")):
         return "torch.compile cannot trace kernels run by Triton's CPU interpreter"
     if attention == "sdpa-cudnn":
         return f"{attention_label(attention)} needs CUDA"

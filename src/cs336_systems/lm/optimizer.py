@@ -15,7 +15,7 @@ the same update fused into one Triton pass (`kernels/adamw.py`), and torch's fus
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -88,7 +88,9 @@ class OptimizerChoice:
 
     cls: Callable[[], Callable[..., torch.optim.Optimizer]]
     label: str
-    kernel_module: str | None = None
+    modules: tuple[str, ...] = ()
+    # steps each layer in backward: built over one param group per layer (`layer_groups`)
+    per_layer: bool = False
 
 
 def _fused_adamw() -> Callable[..., torch.optim.Optimizer]:
@@ -96,12 +98,21 @@ def _fused_adamw() -> Callable[..., torch.optim.Optimizer]:
     return FusedAdamW
 
 
+def _offloaded_adamw() -> Callable[..., torch.optim.Optimizer]:
+    from cs336_systems.lm.offloaded_adamw import OffloadedAdamW
+    return OffloadedAdamW
+
+
 # The optimizers a training job can take (config key `optimizer`), all AdamW with the same
-# hyperparameters: ours written out, ours fused in Triton, and torch's fused CUDA kernel.
+# hyperparameters: ours written out, ours fused in Triton, the fused one stepping each layer in
+# backward with its moments in host memory between steps, and torch's fused CUDA kernel.
 OPTIMIZERS: dict[str, OptimizerChoice] = {
     "adamw": OptimizerChoice(lambda: AdamW, "AdamW (foreach)"),
     "adamw-fused": OptimizerChoice(_fused_adamw, "AdamW (fused Triton)",
-                                   "cs336_systems.kernels.adamw"),
+                                   ("cs336_systems.kernels.adamw",)),
+    "adamw-offloaded": OptimizerChoice(
+        _offloaded_adamw, "AdamW (fused Triton, in backward, moments on the host)",
+        ("cs336_systems.kernels.adamw", "cs336_systems.lm.offloaded_adamw"), per_layer=True),
     "torch-adamw-fused": OptimizerChoice(lambda: partial(torch.optim.AdamW, fused=True),
                                          "torch AdamW (fused)"),
 }
@@ -123,11 +134,25 @@ def build_optimizer(name: str, params: Iterable, lr: float = 1e-4, **hyperparame
     return optimizer_class(name)(params, lr=lr, **hyperparameters)
 
 
+def layer_groups(root: torch.nn.Module, layers: Sequence[torch.nn.Module]) -> list[dict]:
+    """`root`'s parameters as param groups for a `per_layer` optimizer: each of `layers`'
+    (given in forward order) a group marked "offload", the last layer's first (the order
+    backward completes them), then one group of the rest (embeddings, final norm, head)."""
+    groups = [{"params": list(layer.parameters()), "offload": True}
+              for layer in reversed(layers)]
+    in_layers = {p for group in groups for p in group["params"]}
+    rest = [p for p in root.parameters() if p not in in_layers]
+    return groups + ([{"params": rest}] if rest else [])
+
+
+def is_per_layer(name: str) -> bool:
+    return _choice(name).per_layer
+
+
 def optimizer_label(name: str) -> str:
     return OPTIMIZERS[name].label if name in OPTIMIZERS else name
 
 
 def optimizer_modules(name: str) -> list[str]:
     """Package modules a job running `name` imports lazily, for its rule's source inputs."""
-    module = _choice(name).kernel_module
-    return [module] if module else []
+    return list(_choice(name).modules)

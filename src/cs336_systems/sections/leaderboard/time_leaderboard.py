@@ -36,7 +36,7 @@ from cs336_systems.distributed.launch import backend_for
 from cs336_systems.lm.build import cpu_unavailable_reason
 from cs336_systems.lm.levers import LanguageModelLoss, apply_layer_levers, plain
 from cs336_systems.lm.model import TransformerLM, train_step_flops
-from cs336_systems.lm.optimizer import build_optimizer
+from cs336_systems.lm.optimizer import build_optimizer, is_per_layer, layer_groups
 from cs336_systems.lm.precision import PRECISIONS, autocast_context
 from cs336_systems.lm.sizes import LEADERBOARD_SHAPES, ModelSize
 from cs336_systems.lm.step import lm_step_phases, random_batch
@@ -122,6 +122,18 @@ def check_io(model: TransformerLM, lm_loss: LanguageModelLoss, config: dict,
             "check_grad_max_rel_diff": worst, "check_grad_worst": worst_name}
 
 
+def build_step_optimizer(name: str, model: TransformerLM, lm_loss: LanguageModelLoss
+                         ) -> torch.optim.Optimizer:
+    """The variant's optimizer over every parameter; one that steps each layer in backward
+    gets a group per layer, and fetches their moments from the final norm's forward on (late in
+    the forward, so that the first layers' moments are on the GPU when backward reaches them)."""
+    if not is_per_layer(name):
+        return build_optimizer(name, lm_loss.parameters())
+    optimizer = build_optimizer(name, layer_groups(lm_loss, model.layers))
+    model.ln_final.register_forward_pre_hook(lambda *_: optimizer.prefetch())
+    return optimizer
+
+
 def skip_reason(run: LeaderboardVariant, config: dict) -> str | None:
     """Why this machine cannot run the variant (gloo: the CPU), or None if it can."""
     if config["backend"] == "gloo":
@@ -142,7 +154,7 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
     spec = shape_of(config)
     ids, targets = random_batch(world_size, config["context_length"], device, config["seed"],
                                 rank, world_size, spec.vocab_size)
-    optimizer = build_optimizer(run.optimizer, lm_loss.parameters())
+    optimizer = build_step_optimizer(run.optimizer, model, lm_loss)
     phases = lm_step_phases(lm_loss, ids, targets, "train-step", config["precision"],
                             optimizer, loss_of=lm_loss)
     reset_peak(device)
