@@ -6,6 +6,7 @@ ranks with gloo at the tiny shape, so that two GPUs need nothing but the command
 import json
 
 import pytest
+import torch
 
 from cs336_systems.sections.leaderboard import time_leaderboard
 
@@ -56,3 +57,20 @@ def test_bad_arguments_fail_with_a_usage_message(tmp_path, capsys):
         time_leaderboard.main(["--variant", "ours", "--shape", "tiny", "--context-length",
                                "4096", "--output", str(tmp_path / "r.json")])
     assert "exceeds shape 'tiny'" in capsys.readouterr().err
+
+
+def test_an_optimizer_stepping_in_backward_gets_a_group_per_layer_and_its_prefetch(tmp_path):
+    from cs336_systems.lm.offloaded_adamw import OffloadedAdamW
+    from cs336_systems.sections.leaderboard.runs import VARIANTS
+    config = {"shape": "tiny", "context_length": 16, "layers": None, "seed": 0,
+              "precision": "fp32"}
+    model, lm_loss = time_leaderboard.build(VARIANTS["plain"], config, torch.device("cpu"), 1)
+    optimizer = time_leaderboard.build_step_optimizer("adamw-offloaded", model, lm_loss)
+    assert isinstance(optimizer, OffloadedAdamW)
+    assert len(optimizer.param_groups) == len(model.layers) + 1  # each layer, then the rest
+    fetched = []
+    optimizer.prefetch = lambda: fetched.append(True)
+    lm_loss(*torch.randint(0, 64, (2, 1, 16)))  # the final norm's forward fetches
+    assert fetched == [True]
+    plain = time_leaderboard.build_step_optimizer("adamw-fused", model, lm_loss)
+    assert len(plain.param_groups) == 1

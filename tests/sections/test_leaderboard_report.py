@@ -125,6 +125,18 @@ def test_fewer_layers_is_a_proxy_and_the_full_shape_is_not(tmp_path):
     assert facts["coverage"]["leaderboard (2026)"]["status"] == "answered"
     assert facts["best"]["class_best"]["ratio"] == pytest.approx(4400 / 3837)
     assert "proxy's target" not in text and "1.15x that time" in text
+    assert "meets this project's target of 4500 ms on two H200s." in text
+
+
+def test_the_full_shape_says_by_how_much_it_misses_its_target(tmp_path):
+    facts, text = _one(tmp_path, [
+        _record(tmp_path, "stock", 6600.0, config=FULL, matrix="full"),
+        _record(tmp_path, "ours-but-cudnn-offloaded", 4629.0, config=FULL, matrix="full")])
+    assert facts["against"]["meets_target_ms"] is False
+    assert "misses this project's target of 4500 ms on two H200s by 129 ms." in text
+    (tmp_path / "p").mkdir()
+    _, proxy = _facts(tmp_path / "p", _matrix(tmp_path / "p"))
+    assert "this project's target" not in proxy
 
 
 def test_each_matrix_has_its_own_facts_and_table(tmp_path):

@@ -91,11 +91,11 @@ VARIANTS: dict[str, LeaderboardVariant] = {
     **{f"ours-but-cudnn-{share}-selective": replace(
         OURS, attention="sdpa-cudnn", selective_share=share / 100, others="all-but-attention")
        for share in (60, 70, 80)},
-    # the moments in host memory and each layer stepped in backward, which frees a GPU of the
-    # layers' moments (8 bytes a parameter) for activations
+    # what keeps every layer's matmul outputs at the full shape: the layers' AdamW moments (8
+    # bytes a parameter, 26 GiB on each of two GPUs) wait in host memory between steps and each layer
+    # is stepped in backward (lm/offloaded_adamw.py), which leaves the room to the activations
+    "ours-offloaded": replace(OURS, optimizer="adamw-offloaded"),
     "ours-but-cudnn-offloaded": replace(OURS, attention="sdpa-cudnn", optimizer="adamw-offloaded"),
-    "ours-but-cudnn-offloaded-no-recompute": replace(
-        OURS, attention="sdpa-cudnn", optimizer="adamw-offloaded", recompute="none"),
     "plain": PLAIN,
 }
 
