@@ -13,7 +13,7 @@ from cs336_systems.lm.attention import (
     get_attention,
 )
 from cs336_systems.lm.model import MODEL_SIZES
-from cs336_systems.lm.optimizer import OPTIMIZERS
+from cs336_systems.lm.optimizer import FLAT_OPTIMIZERS
 from cs336_systems.lm.precision import PRECISIONS
 from cs336_systems.lm.step import MODES
 from cs336_systems.sections.benchmark import time_step as benchmark
@@ -45,7 +45,7 @@ SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text
     ("fsdp_variant", list(FSDP_VARIANTS)),
     ("backend", list(BACKENDS)),
     ("residuals_variant", list(residuals.VARIANTS)),
-    ("optimizer", list(OPTIMIZERS)),
+    ("optimizer", list(FLAT_OPTIMIZERS)),
     ("training_run", list(RUNS)),
     ("leaderboard_variant", list(LEADERBOARD_VARIANTS)),
     ("leaderboard_shape", list(LEADERBOARD_SHAPES)),
@@ -83,8 +83,8 @@ def _choices(module, dest: str) -> list[str]:
     (benchmark, "mode", list(MODES)),
     (benchmark, "precision", list(PRECISIONS)),
     (benchmark, "attention", list(ATTENTION_IMPLEMENTATIONS)),
-    (benchmark, "optimizer", list(OPTIMIZERS)),
-    (ddp, "optimizer", list(OPTIMIZERS)),
+    (benchmark, "optimizer", list(FLAT_OPTIMIZERS)),
+    (ddp, "optimizer", list(FLAT_OPTIMIZERS)),
     (profile, "size", list(MODEL_SIZES)),
     (profile, "mode", list(MODES)),
     (profile, "precision", list(PRECISIONS)),

@@ -25,7 +25,7 @@ SOFTWARE = "../envs/cs336.yaml"
 JOB_SCRIPT = "../scripts/job.py"
 # Where single-device jobs run (config key `device`): cuda jobs record `skipped` without CUDA.
 DEVICE = P["device"]
-# The optimizer of every training job (config key `optimizer`, lm.optimizer.OPTIMIZERS).
+# The optimizer of every training job (config key `optimizer`, lm.optimizer.FLAT_OPTIMIZERS).
 OPTIMIZER = P["optimizer"]
 # The full matrix (the config's defaults, the assignment's own): each section's report says
 # what of it the preset left out.

@@ -118,6 +118,12 @@ OPTIMIZERS: dict[str, OptimizerChoice] = {
 }
 
 
+# The optimizers that take any list of parameters: every training job's choice (config key
+# `optimizer`). A per-layer one needs the model's layers, and its gradients whole in backward
+# (not DDP's, which are averaged after it), so only the leaderboard's job builds it.
+FLAT_OPTIMIZERS: tuple[str, ...] = tuple(n for n, c in OPTIMIZERS.items() if not c.per_layer)
+
+
 def _choice(name: str) -> OptimizerChoice:
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")

@@ -9,7 +9,7 @@ import argparse
 from cs336_systems.distributed.launch import BACKENDS, backend_for
 from cs336_systems.lm.attention import ATTENTION_IMPLEMENTATIONS
 from cs336_systems.lm.model import MODEL_SIZES, context_length_problem
-from cs336_systems.lm.optimizer import OPTIMIZERS
+from cs336_systems.lm.optimizer import FLAT_OPTIMIZERS
 from cs336_systems.lm.precision import PRECISIONS
 from cs336_systems.lm.step import MODES
 from cs336_systems.pipeline.cli import (
@@ -33,7 +33,7 @@ def add_lm_step_arguments(parser: argparse.ArgumentParser, warmup_steps: int,
     parser.add_argument("--checkpoint-block-size", type=positive_int, default=None,
                         help="recompute activations in backward, k blocks per checkpoint "
                              "(default: keep them all)")
-    parser.add_argument("--optimizer", default=None, choices=list(OPTIMIZERS),
+    parser.add_argument("--optimizer", default=None, choices=list(FLAT_OPTIMIZERS),
                         help="the train-step's optimizer (default: adamw, written out)")
 
 
@@ -59,7 +59,7 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, size: str, contex
     parser.add_argument("--warmup-steps", type=non_negative_int, default=warmup_steps)
     parser.add_argument("--measure-steps", type=positive_int, default=measure_steps)
     parser.add_argument("--trace", default=None, help="where to write rank 0's profiler trace")
-    parser.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZERS),
+    parser.add_argument("--optimizer", default="adamw", choices=list(FLAT_OPTIMIZERS),
                         help="the optimizer of every rank")
     add_common_arguments(parser)
 

@@ -35,7 +35,7 @@ from cs336_systems.distributed import (
 from cs336_systems.distributed.launch import backend_for
 from cs336_systems.lm.loss import cross_entropy
 from cs336_systems.lm.model import MODEL_SIZES, build_model
-from cs336_systems.lm.optimizer import OPTIMIZERS, optimizer_class
+from cs336_systems.lm.optimizer import FLAT_OPTIMIZERS, optimizer_class
 from cs336_systems.lm.step import random_batch
 from cs336_systems.measure.memory import (
     GIB,
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--world-size", type=positive_int, default=2)
     parser.add_argument("--warmup-steps", type=non_negative_int, default=2)
     parser.add_argument("--measure-steps", type=positive_int, default=5)
-    parser.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZERS))
+    parser.add_argument("--optimizer", default="adamw", choices=list(FLAT_OPTIMIZERS))
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     if args.batch_size % args.world_size:

@@ -1,4 +1,4 @@
-"""The optimizer step alone, at one model size: every optimizer of `OPTIMIZERS` in one process,
+"""The optimizer step alone, at one model size: every optimizer of `FLAT_OPTIMIZERS` in one process,
 beside the memory-bandwidth floor from a copy measured in the same process.
 
     python -m cs336_systems.sections.training.time_optimizer --size 2.7b --output r.json
@@ -19,7 +19,7 @@ import statistics
 import torch
 
 from cs336_systems.lm.model import MODEL_SIZES, build_model
-from cs336_systems.lm.optimizer import OPTIMIZERS, build_optimizer
+from cs336_systems.lm.optimizer import FLAT_OPTIMIZERS, build_optimizer
 from cs336_systems.measure.ceilings import copy_gbps
 from cs336_systems.measure.memory import GIB, allocated_gib, peak_gib, reset_peak
 from cs336_systems.measure.timing import benchmark_ms
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", required=True, choices=list(MODEL_SIZES))
-    parser.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS),
-                        choices=list(OPTIMIZERS))
+    parser.add_argument("--optimizers", nargs="+", default=list(FLAT_OPTIMIZERS),
+                        choices=list(FLAT_OPTIMIZERS))
     parser.add_argument("--rounds", type=positive_int, default=3)
     add_common_arguments(parser)
     args = parser.parse_args(argv)
