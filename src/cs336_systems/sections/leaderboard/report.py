@@ -147,7 +147,7 @@ def _runner_up(ours_side: pd.DataFrame, fastest: str) -> dict | None:
     compared = _step_speedup(ours_side.loc[fastest], others.loc[name])
     return {"variant": name, "label": variant_label(name),
             "ms": number(others.loc[name, "step_ms_median"]),
-            "tie": bool(compared and compared["within_spread"])}
+            "tie": bool(compared and compared["within_spread"]), "speedup": compared}
 
 
 def shape_facts(frame: pd.DataFrame, assignment: dict) -> dict:
