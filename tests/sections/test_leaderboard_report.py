@@ -105,8 +105,8 @@ def test_the_fastest_is_called_a_tie_with_the_next_only_inside_the_spread(tmp_pa
     assert "It is not clearly ahead of the next, ours, every lever (2507 ms)" in text
     _, apart = _facts(tmp_path, _matrix(tmp_path, cudnn=2500.0, ours=2700.0))
     assert "not clearly ahead" not in apart
-    assert ("The next of ours, ours, every lever, takes 2700 ms: this one is 1.08x faster."
-            in apart)
+    assert ("The next of ours, ours, every lever, takes 2700 ms: the fastest is 1.08x faster "
+            "than it." in apart)
 
 
 def test_a_failed_check_and_a_slow_cold_start_are_said(tmp_path):
