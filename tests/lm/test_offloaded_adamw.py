@@ -33,10 +33,12 @@ def _batches(seed: int, device=DEVICE):
                   for _ in range(2)) for _ in range(STEPS)]
 
 
-def _offloaded(lm_loss: LanguageModelLoss, lookahead: int) -> OffloadedAdamW:
+def _offloaded(lm_loss: LanguageModelLoss, lookahead: int, prefetch: bool = True
+               ) -> OffloadedAdamW:
     optimizer = OffloadedAdamW(layer_groups(lm_loss, lm_loss.model.layers), lookahead=lookahead,
                                **HYPER)
-    lm_loss.model.ln_final.register_forward_pre_hook(lambda *_: optimizer.prefetch())
+    if prefetch:  # else each step's first group is fetched when its gradients arrive
+        lm_loss.model.ln_final.register_forward_pre_hook(lambda *_: optimizer.prefetch())
     return optimizer
 
 
@@ -44,11 +46,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-@pytest.mark.parametrize("lookahead", [1, 2, 5])
-def test_stepping_in_backward_is_the_fused_step_after_it(lookahead):
+@pytest.mark.parametrize("lookahead, prefetch", [(1, True), (2, True), (5, True), (2, False)])
+def test_stepping_in_backward_is_the_fused_step_after_it(lookahead, prefetch):
     seed = int(torch.randint(0, 2**31, ()))
     ours, reference = _model(seed), _model(seed)
-    optimizer = _offloaded(ours, lookahead)
+    optimizer = _offloaded(ours, lookahead, prefetch)
     fused = FusedAdamW(reference.parameters(), **HYPER)
     layer_params = {p for layer in ours.model.layers for p in layer.parameters()}
     for ids, targets in _batches(seed):
@@ -88,6 +90,15 @@ def test_groups_out_of_backward_order_are_refused_with_the_reason():
     ids, targets = _batches(1)[0]
     with pytest.raises(RuntimeError, match="order backward completes them"):
         lm_loss(ids, targets).backward()
+
+
+def test_it_gives_its_moments_but_loads_no_state():
+    lm_loss = _model(4)
+    optimizer = OffloadedAdamW(layer_groups(lm_loss, lm_loss.model.layers), **HYPER)
+    state = optimizer.state_dict()
+    assert len(state["state"]) == len(list(lm_loss.model.layers.parameters()))
+    with pytest.raises(NotImplementedError, match="does not load state"):
+        optimizer.load_state_dict(state)
 
 
 def test_gradients_its_hooks_never_saw_are_an_error_at_step():

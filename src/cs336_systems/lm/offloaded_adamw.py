@@ -28,7 +28,8 @@ offloaded groups (embeddings, head) keep their moments on the GPU and are update
     optimizer.zero_grad()
 
 Groups must be given in the order backward completes them (the last layer's first), with one
-backward per step (no gradient accumulation).
+backward per step (no gradient accumulation). Its `state_dict()` holds the moments (views of
+the host buffers); it does not load one.
 """
 
 from __future__ import annotations
@@ -202,6 +203,10 @@ class OffloadedAdamW(FusedAdamW):
         group.slot, group.saved = None, freed
         self._free.append((slot, freed))
         self._fill(self._next)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        raise NotImplementedError("OffloadedAdamW keeps its moments in pinned host buffers that "
+                                  "torch's load_state_dict would replace; it does not load state")
 
     @torch.no_grad()
     def step(self, closure=None):
