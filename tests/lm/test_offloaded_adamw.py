@@ -10,6 +10,7 @@ from conftest import DEVICE
 from support.distributed import run_on_ranks, save_result
 
 from cs336_systems.kernels.adamw import FusedAdamW
+from cs336_systems.lm.build import cpu_unavailable_reason
 from cs336_systems.lm.levers import LanguageModelLoss
 from cs336_systems.lm.model import TransformerLM
 from cs336_systems.lm.offloaded_adamw import OffloadedAdamW
@@ -80,6 +81,9 @@ def test_the_registry_builds_it_over_one_group_per_layer():
         list(layer.parameters()) for layer in reversed(lm_loss.model.layers)]
     assert sum(len(g["params"]) for g in groups) == len(list(lm_loss.parameters()))
     assert isinstance(build_optimizer("adamw-offloaded", groups), OffloadedAdamW)
+    # its update is the fused Triton pass: compiled layers beside it are refused on a CPU
+    assert "interpreter" in cpu_unavailable_reason("sdpa", "adamw-offloaded", True, "fp32")
+    assert cpu_unavailable_reason("sdpa", "adamw-offloaded", False, "fp32") is None
 
 
 def test_groups_out_of_backward_order_are_refused_with_the_reason():

@@ -67,11 +67,11 @@ def cpu_unavailable_reason(attention: str, optimizer: str, compile_: bool,
                            precision: str) -> str | None:
     """Why a step with these parts cannot run on a CPU, or None if it can."""
     from cs336_systems.lm.attention import attention_label
-    from cs336_systems.lm.optimizer import optimizer_label
+    from cs336_systems.lm.optimizer import optimizer_label, runs_triton
     triton = attention.startswith("flash-triton")
     if triton and precision != "fp32":
         return "Triton's CPU interpreter cannot run bf16 tl.dot (triton-lang/triton#11584)"
-    if compile_ and (triton or optimizer in ("adamw-fused", "adamw-offloaded")):
+    if compile_ and (triton or runs_triton(optimizer)):
         return "torch.compile cannot trace kernels run by Triton's CPU interpreter"
     if attention == "sdpa-cudnn":
         return f"{attention_label(attention)} needs CUDA"

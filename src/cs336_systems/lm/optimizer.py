@@ -103,9 +103,10 @@ def _offloaded_adamw() -> Callable[..., torch.optim.Optimizer]:
     return OffloadedAdamW
 
 
-# The optimizers a training job can take (config key `optimizer`), all AdamW with the same
-# hyperparameters: ours written out, ours fused in Triton, the fused one stepping each layer in
-# backward with its moments in host memory between steps, and torch's fused CUDA kernel.
+# The optimizers, all AdamW with the same hyperparameters: ours written out, ours fused in
+# Triton, the fused one stepping each layer in backward with its moments in host memory between
+# steps (the leaderboard's), and torch's fused CUDA kernel. A training job takes one of
+# `FLAT_OPTIMIZERS`.
 OPTIMIZERS: dict[str, OptimizerChoice] = {
     "adamw": OptimizerChoice(lambda: AdamW, "AdamW (foreach)"),
     "adamw-fused": OptimizerChoice(_fused_adamw, "AdamW (fused Triton)",
@@ -153,6 +154,11 @@ def layer_groups(root: torch.nn.Module, layers: Sequence[torch.nn.Module]) -> li
 
 def is_per_layer(name: str) -> bool:
     return _choice(name).per_layer
+
+
+def runs_triton(name: str) -> bool:
+    """Whether optimizer `name` runs a Triton kernel (on a CPU: Triton's interpreter)."""
+    return "cs336_systems.kernels.adamw" in _choice(name).modules
 
 
 def optimizer_label(name: str) -> str:

@@ -92,8 +92,9 @@ VARIANTS: dict[str, LeaderboardVariant] = {
         OURS, attention="sdpa-cudnn", selective_share=share / 100, others="all-but-attention")
        for share in (60, 70, 80)},
     # what keeps every layer's matmul outputs at the full shape: the layers' AdamW moments (8
-    # bytes a parameter, 26 GiB on each of two GPUs) wait in host memory between steps and each layer
-    # is stepped in backward (lm/offloaded_adamw.py), which leaves the room to the activations
+    # bytes a parameter, 26 GiB on each of two GPUs) wait in host memory between steps and
+    # each layer is stepped in backward (lm/offloaded_adamw.py), which leaves the room to the
+    # activations
     "ours-offloaded": replace(OURS, optimizer="adamw-offloaded"),
     "ours-but-cudnn-offloaded": replace(OURS, attention="sdpa-cudnn", optimizer="adamw-offloaded"),
     "plain": PLAIN,
