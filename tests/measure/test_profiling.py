@@ -169,3 +169,26 @@ def test_profile_on_cuda_credits_kernels_to_ranges(tmp_path):
     assert m["device_work"] == "cuda kernels"
     assert {k["phase"] for k in m["kernels"]} >= set(STEP_RANGES)
     assert all(m["ranges"][r]["device_us"] > 0 for r in ("forward", "backward", "optimizer"))
+
+
+def test_a_step_s_device_time_by_class_counts_overlap_once():
+    from cs336_systems.measure.profiling import kernel_class, time_by_class
+    assert kernel_class("triton_poi_fused__scaled_dot_product_cudnn_attention_backward_6") \
+        == "elementwise"  # inductor's kernels are named after the ops they fused
+    assert kernel_class("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16") \
+        == "attention"
+    assert kernel_class("flash_bwd_kernel") == "attention"
+    assert kernel_class("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN") == "matmul"
+    assert kernel_class("_adamw_chunk") == "optimizer"
+    assert kernel_class("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL") == "communication"
+    assert kernel_class("triton_red_fused_mean_pow_rsqrt_4") == "elementwise"
+    events = [_kernel("nvjet_sm90_tst", 1, 0, 100),
+              _kernel("ncclDevKernel_AllGather", 2, 50, 100),   # overlaps the matmul by 50
+              _kernel("cudnn_generated_sdpa_fprop", 3, 200, 40),  # 50 idle before it
+              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 240, "dur": 10}]
+    split = time_by_class(events)
+    assert split["matmul"] == pytest.approx(0.1) and split["communication"] == pytest.approx(0.1)
+    assert split["attention"] == pytest.approx(0.04) and split["copies"] == pytest.approx(0.01)
+    assert split["span"] == pytest.approx(0.25) and split["busy"] == pytest.approx(0.2)
+    assert split["idle"] == pytest.approx(0.05)
+    assert time_by_class([_range("forward", 0, 10)]) == {}

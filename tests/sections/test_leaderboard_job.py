@@ -74,3 +74,10 @@ def test_an_optimizer_stepping_in_backward_gets_a_group_per_layer_and_its_prefet
     assert fetched == [True]
     plain = time_leaderboard.build_step_optimizer("adamw-fused", model, lm_loss)
     assert len(plain.param_groups) == 1
+
+
+def test_a_profiled_step_on_a_cpu_adds_no_kernel_classes_and_no_gpu_state(tmp_path):
+    record = _run(tmp_path, "plain", "--world-size", "1", "--profile")
+    assert record["status"] == "ok", record.get("message")
+    assert not any(k.startswith(("kernel_ms_", "sm_clock", "gpu_state"))
+                   for k in record["metrics"])

@@ -33,7 +33,7 @@ rule leaderboard:
             **{key: BOARD_MATRICES[wildcards.matrix][key] for key in ("layers", "world_size")},
             **{key: BOARD[key] for key in ("shape", "context_length", "precision",
                                            "check_tokens", "warmup_steps", "measure_steps",
-                                           "cold_caches")},
+                                           "cold_caches", "profile")},
             "device": DEVICE},
     threads: BOARD_WORLD
     resources:

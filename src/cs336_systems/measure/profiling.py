@@ -170,3 +170,50 @@ def profiled_steps(events: list[dict]) -> int:
     """Steps the profiler's schedule recorded (its ProfilerStep#N ranges)."""
     return sum(1 for e in events if e.get("cat") == "user_annotation"
                and e["name"].startswith("ProfilerStep#"))
+
+
+# --- A step's device time by class of kernel ---------------------------------------------------
+
+# The classes, first match wins. Inductor's generated pointwise and reduction kernels go to
+# "elementwise" before anything else: their names list the ops they fused (a RoPE kernel beside
+# attention is called "..._scaled_dot_product_cudnn_attention_..."). Attention: cuDNN's fused
+# attention and its helpers, SDPA's flash and memory-efficient kernels, our FlashAttention.
+KERNEL_CLASSES: tuple[tuple[str, re.Pattern], ...] = (
+    ("elementwise", re.compile(r"^triton_(poi|red|per)_")),
+    ("attention", re.compile(r"sdpa|fmha|flash|cudnn|scaled_dot_product", re.IGNORECASE)),
+    ("matmul", MATMUL),
+    ("optimizer", re.compile(r"adam", re.IGNORECASE)),
+    ("communication", re.compile(r"nccl", re.IGNORECASE)),
+)
+COPY_CLASS = "copies"       # memcpy and memset on the device
+OTHER_CLASS = "elementwise"  # whatever matches no class: elementwise and reduction kernels
+
+
+def kernel_class(name: str) -> str:
+    for label, pattern in KERNEL_CLASSES:
+        if pattern.search(name):
+            return label
+    return OTHER_CLASS
+
+
+def time_by_class(events: list[dict]) -> dict[str, float]:
+    """Device time of a CUDA trace in ms: each kernel class's summed kernel time
+    (`KERNEL_CLASSES`, copies apart), "busy" (the union of every kernel's interval: kernels of
+    several streams that overlap count once) and "span" (first kernel's start to last one's
+    end); "idle" is span minus busy. Empty for a trace without device work."""
+    device = sorted((e for e in events if e.get("cat") in DEVICE_CATEGORIES and "dur" in e),
+                    key=lambda e: e["ts"])
+    if not device:
+        return {}
+    out: dict[str, float] = {}
+    busy, covered_to = 0.0, device[0]["ts"]
+    for e in device:
+        label = kernel_class(e["name"]) if e["cat"] == "kernel" else COPY_CLASS
+        out[label] = out.get(label, 0.0) + e["dur"] / 1e3
+        start, end = max(e["ts"], covered_to), e["ts"] + e["dur"]
+        if end > start:
+            busy += end - start
+        covered_to = max(covered_to, end)
+    span = (covered_to - device[0]["ts"]) / 1e3
+    out.update(busy=busy / 1e3, span=span, idle=span - busy / 1e3)
+    return out

@@ -17,6 +17,9 @@ model as written (nothing recomputed, SDPA, whole logits), both eager, the same 
 batch. Then `--warmup-steps` steps (compilation happens there) and `--measure-steps` timed
 steps. With `--cold-caches` the compilers' on-disk caches start empty, so that the record's
 `wall_s` (this process's start to the record) is the leaderboard's from-empty-caches time.
+Over the timed steps the GPU's clock and power are sampled (`measure.gpu_state`); with
+`--profile`, one more step runs under torch.profiler and the record holds its device time by
+class of kernel (`measure.profiling.time_by_class`): where the step's time went.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -41,8 +45,10 @@ from cs336_systems.lm.precision import PRECISIONS, autocast_context
 from cs336_systems.lm.sizes import LEADERBOARD_SHAPES, ModelSize
 from cs336_systems.lm.step import lm_step_phases, random_batch
 from cs336_systems.measure.ceilings import matmul_tflops
+from cs336_systems.measure.gpu_state import GpuSampler
 from cs336_systems.measure.memory import peak_gib, reset_peak
-from cs336_systems.measure.timing import time_phases
+from cs336_systems.measure.profiling import capture, export_trace, load_trace, time_by_class
+from cs336_systems.measure.timing import synchronize, time_phases
 from cs336_systems.pipeline.cli import (
     add_common_arguments,
     non_negative_int,
@@ -134,6 +140,18 @@ def build_step_optimizer(name: str, model: TransformerLM, lm_loss: LanguageModel
     return optimizer
 
 
+def profile_step(phases, device: torch.device) -> dict:
+    """One more step under torch.profiler: its device time by class of kernel, in ms, as
+    `kernel_ms_<class>` (and `kernel_ms_busy`, `_span`, `_idle`; none on a CPU)."""
+    with capture(device) as prof:
+        for _, fn in phases:
+            fn()
+        synchronize(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        events = load_trace(export_trace(prof, Path(tmp) / "step.trace.json.gz"))
+    return {f"kernel_ms_{label}": ms for label, ms in time_by_class(events).items()}
+
+
 def skip_reason(run: LeaderboardVariant, config: dict) -> str | None:
     """Why this machine cannot run the variant (gloo: the CPU), or None if it can."""
     if config["backend"] == "gloo":
@@ -158,10 +176,28 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
     phases = lm_step_phases(lm_loss, ids, targets, "train-step", config["precision"],
                             optimizer, loss_of=lm_loss)
     reset_peak(device)
-    times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"])
+    sampler = GpuSampler(device)  # the GPU's clock over the timed steps, not the compilation
+    steps = iter(range(1, config["warmup_steps"] + config["measure_steps"] + 1))
+
+    def after_step():
+        if next(steps) == config["warmup_steps"]:
+            sampler.start()
+
+    try:
+        if config["warmup_steps"] == 0:
+            sampler.start()
+        times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"],
+                            after_step=after_step)
+    finally:
+        sampler.stop()
     metrics.update({k: v for k, v in times.metrics().items() if "warmup" not in k})
+    metrics.update(sampler.metrics())
+    if device.type == "cuda" and sampler.reason:
+        metrics["gpu_state_missing"] = sampler.reason
     metrics["warmup_step_ms"] = times.warmup_ms.get("step", [])
     peak = peak_gib(device)
+    if config["profile"]:
+        metrics.update(profile_step(phases, device))
     peaks = [peak]
     if world_size > 1:
         peaks = [None] * world_size
@@ -192,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--measure-steps", type=positive_int, default=5)
     parser.add_argument("--cold-caches", action=argparse.BooleanOptionalAction, default=False,
                         help="start with empty torch.compile and Triton caches")
+    parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=False,
+                        help="profile one more step: its device time by class of kernel")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     spec = LEADERBOARD_SHAPES[args.shape]
