@@ -21,7 +21,7 @@ ASSIGNMENT = {"shape": "8b", "context_length": 32768,
 
 
 def _record(tmp_path, variant, ms, peak=100.0, status="ok", grad_diff=0.01, wall=40.0,
-            config=CONFIG, spread=5.0, matrix="proxy"):
+            config=CONFIG, spread=5.0, matrix="proxy", env=ENV, extra=None):
     metrics = {} if status != "ok" else {
         **{f"step_ms_{s}": v for s, v in (("mean", ms), ("std", spread), ("median", ms),
                                           ("min", ms - spread), ("max", ms + spread))},
@@ -30,11 +30,12 @@ def _record(tmp_path, variant, ms, peak=100.0, status="ok", grad_diff=0.01, wall
         "layers": config["layers"] or 34,
         "wall_s": wall, "check_tokens": 4096, "check_loss": 11.93,
         "check_loss_reference": 11.93, "check_loss_abs_diff": 1e-4,
-        "check_grad_max_rel_diff": grad_diff, "check_grad_worst": "w1", "parameters": 4.7e9}
+        "check_grad_max_rel_diff": grad_diff, "check_grad_worst": "w1", "parameters": 4.7e9,
+        **(extra or {})}
     (tmp_path / matrix).mkdir(exist_ok=True)
     path = tmp_path / matrix / f"{variant}.json"
     write_json_atomic(path, make_record("leaderboard", {**config, "variant": variant}, status,
-                                        metrics, ENV,
+                                        metrics, env,
                                         "CUDA out of memory" if status == "oom" else None))
     return str(path)
 
@@ -195,3 +196,57 @@ def test_another_model_than_the_leaderboards_is_no_proxy_of_it(tmp_path):
     assert "of 34 layers" not in text
     assert facts["coverage"]["leaderboard (2026)"]["note"].startswith(
         "the tiny model in place of the 8b one")
+
+
+H100 = {**ENV, "gpu": "NVIDIA H100 80GB HBM3"}
+
+
+def test_on_other_gpus_the_full_shape_names_them_and_has_no_h200_target(tmp_path):
+    facts, text = _one(tmp_path, [
+        _record(tmp_path, "stock", 0, status="oom", config=FULL, matrix="full-80gb", env=H100),
+        _record(tmp_path, "ours-but-cudnn-offloaded-full-recompute", 6100.0, peak=52.0,
+                config=FULL, matrix="full-80gb", env=H100),
+        _record(tmp_path, "ours-but-cudnn-offloaded-attention-kept", 5700.0, peak=61.0,
+                config=FULL, matrix="full-80gb", env=H100)])
+    assert "All 34 layers on 2 GPUs (NVIDIA H100 80GB HBM3)" in text
+    assert facts["against"] is None and facts["stock_oom"]
+    assert "The stock parts do not fit on these GPUs" in text
+    assert "this project's target" not in text
+    assert facts["best"]["variant"] == "ours-but-cudnn-offloaded-attention-kept"
+    assert "attention's outputs kept" in facts["best"]["label"]
+    # on H200s the same step has its target
+    (tmp_path / "h").mkdir()
+    _, h200 = _one(tmp_path / "h", [
+        _record(tmp_path / "h", "stock", 6600.0, config=FULL, matrix="full"),
+        _record(tmp_path / "h", "ours-but-cudnn-offloaded", 4629.0, config=FULL, matrix="full")])
+    assert "All 34 layers on 2 GPUs (NVIDIA H200)" in h200 and "target of 4500 ms" in h200
+    assert "The stock parts do not fit" not in h200
+
+
+def _split(attention, matmul, elementwise, idle, clock=1600.0, capped=0.9):
+    busy = attention + matmul + elementwise + 30.0
+    return {"kernel_ms_attention": attention, "kernel_ms_matmul": matmul,
+            "kernel_ms_elementwise": elementwise, "kernel_ms_optimizer": 30.0,
+            "kernel_ms_busy": busy, "kernel_ms_span": busy + idle, "kernel_ms_idle": idle,
+            "sm_clock_mhz_median": clock, "sm_clock_mhz_max": 1980.0, "power_w_median": 690.0,
+            "power_limit_w": 700.0, "power_capped_share": capped}
+
+
+def test_where_the_time_went_is_each_class_share_of_the_profiled_step(tmp_path):
+    paths = [_record(tmp_path, "stock", 3000.0, extra=_split(1300.0, 1400.0, 200.0, 70.0)),
+             _record(tmp_path, "ours-but-cudnn", 2300.0,
+                     extra=_split(1000.0, 1100.0, 150.0, 20.0, clock=1500.0, capped=0.75))]
+    facts, text = _one(tmp_path, paths)
+    split = facts["split"]
+    assert split["first"].startswith("ours, but SDPA cuDNN")
+    assert split["attention_matmul_share"] == pytest.approx(2100 / 2300)
+    assert "Attention and matrix products took 91% of the span of ours, but SDPA cuDNN" in text
+    assert "median of 1500 MHz (its maximum 1980 MHz)" in text
+    assert "held the clock back in 75% of the samples" in text
+    assert "| idle (no kernel running) | 20 " in split["table"]
+    assert "stock parts, % of the step" in split["table"]
+    assert not split["overlap"] and "rank 0" not in text
+    # a matrix without profiles has no such paragraph
+    (tmp_path / "n").mkdir()
+    _, plain_text = _one(tmp_path / "n", _matrix(tmp_path / "n"))
+    assert "Where the time went" not in plain_text

@@ -97,6 +97,18 @@ VARIANTS: dict[str, LeaderboardVariant] = {
     # activations
     "ours-offloaded": replace(OURS, optimizer="adamw-offloaded"),
     "ours-but-cudnn-offloaded": replace(OURS, attention="sdpa-cudnn", optimizer="adamw-offloaded"),
+    # what fits two 80 GB GPUs (H100s): the moments on the host, and of the activations only
+    # the layers' inputs (full checkpointing), or also attention's outputs (a quarter of a GiB
+    # a layer; no layer redoes attention's forward), or also the matmuls' outputs of the last
+    # 10% or 20% of the layers (about 2 GiB a layer more)
+    "ours-but-cudnn-offloaded-full-recompute": replace(
+        OURS, attention="sdpa-cudnn", optimizer="adamw-offloaded", recompute="all"),
+    "ours-but-cudnn-offloaded-attention-kept": replace(
+        OURS, attention="sdpa-cudnn", optimizer="adamw-offloaded", recompute="all-but-attention"),
+    **{f"ours-but-cudnn-offloaded-{share}-selective": replace(
+        OURS, attention="sdpa-cudnn", optimizer="adamw-offloaded", selective_share=share / 100,
+        others="all-but-attention")
+       for share in (10, 20)},
     "plain": PLAIN,
 }
 
