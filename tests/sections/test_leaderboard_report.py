@@ -250,3 +250,27 @@ def test_where_the_time_went_is_each_class_share_of_the_profiled_step(tmp_path):
     (tmp_path / "n").mkdir()
     _, plain_text = _one(tmp_path / "n", _matrix(tmp_path / "n"))
     assert "Where the time went" not in plain_text
+
+
+def test_a_matrix_sized_for_smaller_gpus_says_which_peaks_fit(tmp_path):
+    sized = {**ASSIGNMENT, "matrices": [*ASSIGNMENT["matrices"],
+                                        {"name": "full-80gb", "layers": None, "world_size": 2,
+                                         "variants": ["stock"], "fits_gib": 76}]}
+    paths = [_record(tmp_path, "stock", 6900.0, peak=132.1, config=FULL, matrix="full-80gb"),
+             _record(tmp_path, "ours-but-cudnn-offloaded-full-recompute", 5700.0, peak=41.9,
+                     config=FULL, matrix="full-80gb"),
+             _record(tmp_path, "ours-but-cudnn-offloaded-20-selective", 5070.0, peak=65.7,
+                     config=FULL, matrix="full-80gb"),
+             _record(tmp_path, "ours-but-cudnn-offloaded", 4650.0, peak=128.9, config=FULL,
+                     matrix="full-80gb")]
+    facts = section.build({"records": paths}, {"assignment": sized},
+                          {"table": str(tmp_path / "t.csv")})
+    text = " ".join(render(Section("leaderboard").template, facts, link_base=tmp_path).split())
+    fits = facts["matrices"][0]["fits"]
+    assert [r["ms"] for r in fits["fit"]] == [5070.0, 5700.0]  # fastest first
+    assert [r["peak_gib"] for r in fits["over"]] == [128.9] and fits["stock_fits"] is False
+    assert "What fits a GPU of 76 GiB." in text and "Of ours, 2 fit:" in text
+    assert "The stock parts do not fit (peak 132.1 GiB)" in text
+    # without a size the matrix says nothing of fitting
+    facts, text = _one(tmp_path, paths)
+    assert facts["fits"] is None and "What fits" not in text

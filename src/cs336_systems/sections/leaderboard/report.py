@@ -175,6 +175,20 @@ def time_split(rows: dict[str, pd.Series]) -> dict | None:
             "gpu_state": states}
 
 
+def fit_facts(frame: pd.DataFrame, gib: float) -> dict:
+    """Which measured variants' peaks fit `gib` (the memory of the GPU a matrix is sized for),
+    fastest first, and whether the stock parts' does."""
+    ok = frame[frame["status"] == "ok"].sort_values("step_ms_median")
+    rows = [{"label": r["label"], "ms": number(r["step_ms_median"]),
+             "peak_gib": number(r["peak_gib"]), "stock": r["variant"] == STOCK}
+            for _, r in ok.iterrows()]
+    fit = [r for r in rows if r["peak_gib"] <= gib]
+    stock = next((r for r in rows if r["stock"]), None)
+    return {"gib": gib, "fit": [r for r in fit if not r["stock"]],
+            "over": [r for r in rows if r["peak_gib"] > gib and not r["stock"]],
+            "stock": stock, "stock_fits": None if stock is None else stock["peak_gib"] <= gib}
+
+
 def _runner_up(ours_side: pd.DataFrame, fastest: str) -> dict | None:
     """The next fastest of our variants against the fastest, and whether the two are a tie
     (their difference inside the measured spread), so that "fastest" is not said of noise."""
@@ -268,6 +282,8 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
     checked = [c for c in checks if c is not None]
     worst_grad = number(ok["check_grad_max_rel_diff"].max()) if len(ok) else None
     walls = ok["wall_s"].dropna()
+    sized = next((m for m in assignment["matrices"] if m["name"] == name), {})
+    fits = fit_facts(frame, sized["fits_gib"]) if sized.get("fits_gib") else None
     split = None
     if fastest is not None:
         profiled = {variant_label(fastest): ok.loc[fastest]}
@@ -286,7 +302,7 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
                  "limit_s": WALL_LIMIT_S,
                  "within": bool(walls.max() < WALL_LIMIT_S) if len(walls) else None},
         "not_measured": not_ok(frame, ["label"]),
-        "stock_oom": stock_oom, "split": split,
+        "stock_oom": stock_oom, "split": split, "fits": fits,
         "env": env,
     }
 
