@@ -238,13 +238,14 @@ def test_where_the_time_went_is_each_class_share_of_the_profiled_step(tmp_path):
                      extra=_split(1000.0, 1100.0, 150.0, 20.0, clock=1500.0, capped=0.75))]
     facts, text = _one(tmp_path, paths)
     split = facts["split"]
-    assert split["first"].startswith("ours, but SDPA cuDNN")
+    assert split["first"] == "fastest"
     assert split["attention_matmul_share"] == pytest.approx(2100 / 2300)
-    assert "Attention and matrix products took 91% of the span of ours, but SDPA cuDNN" in text
-    assert "median of 1500 MHz (its maximum 1980 MHz)" in text
+    assert "One more step of the fastest (ours, but SDPA cuDNN)" in text
+    assert "Attention and matrix products took 91% of the fastest step's span" in text
+    assert "of the fastest the GPU's SM clock had a median of 1500 MHz (its maximum" in text
     assert "held the clock back in 75% of the samples" in text
     assert "| idle (no kernel running) | 20 " in split["table"]
-    assert "stock parts, % of the step" in split["table"]
+    assert "stock, % of the step" in split["table"]
     assert not split["overlap"] and "rank 0" not in text
     # a matrix without profiles has no such paragraph
     (tmp_path / "n").mkdir()
@@ -270,6 +271,7 @@ def test_a_matrix_sized_for_smaller_gpus_says_which_peaks_fit(tmp_path):
     assert [r["ms"] for r in fits["fit"]] == [5070.0, 5700.0]  # fastest first
     assert [r["peak_gib"] for r in fits["over"]] == [128.9] and fits["stock_fits"] is False
     assert "What fits a GPU of 76 GiB." in text and "Of ours, 2 fit:" in text
+    assert "sized for GPUs of 76 GiB" in text and "this project's target" not in text
     assert "The stock parts do not fit (peak 132.1 GiB)" in text
     # without a size the matrix says nothing of fitting
     facts, text = _one(tmp_path, paths)

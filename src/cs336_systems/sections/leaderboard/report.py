@@ -146,27 +146,29 @@ def table_of(frame: pd.DataFrame, ceiling: float | None, levers: list[dict]) -> 
 
 
 def time_split(rows: dict[str, pd.Series]) -> dict | None:
-    """Where each named variant's profiled step spent its device time: a table of ms and share
-    of the step's span per kernel class, then idle; and the GPU's clock and power over its timed
-    steps. None where no row was profiled."""
-    rows = {label: r for label, r in rows.items() if not pd.isna(r.get("kernel_ms_span"))}
+    """Where each variant's profiled step spent its device time, the variants keyed by a short
+    name ("fastest", "stock"): a table of ms and share of the step's span per kernel class, then
+    idle; and the GPU's clock and power over its timed steps. None where no row was
+    profiled."""
+    rows = {key: r for key, r in rows.items() if not pd.isna(r.get("kernel_ms_span"))}
     if not rows:
         return None
     table = {"device time": [*SPLIT_CLASSES, "idle (no kernel running)", "the profiled step"]}
     shares = {}
-    for label, r in rows.items():
+    for key, r in rows.items():
         ms = [r.get(f"kernel_ms_{c}") for c in SPLIT_CLASSES]
         ms = [0.0 if pd.isna(v) else float(v) for v in ms]
         cells = [*ms, float(r["kernel_ms_idle"]), float(r["kernel_ms_span"])]
-        table[f"{label}, ms"] = [round(v, 1) for v in cells]
-        table[f"{label}, % of the step"] = [round(100 * v / r["kernel_ms_span"], 1)
-                                            for v in cells]
-        shares[label] = dict(zip(SPLIT_CLASSES, (v / r["kernel_ms_span"] for v in ms)))
+        table[f"{key}, ms"] = [round(v, 1) for v in cells]
+        table[f"{key}, % of the step"] = [round(100 * v / r["kernel_ms_span"], 1)
+                                          for v in cells]
+        shares[key] = dict(zip(SPLIT_CLASSES, (v / r["kernel_ms_span"] for v in ms)))
     states = []
-    for label, r in rows.items():
+    for key, r in rows.items():
         if pd.isna(r.get("sm_clock_mhz_median")):
             continue
-        states.append({"label": label, **{k: number(r[k]) for k in GPU_STATE}})
+        states.append({"key": key, "label": r["label"],
+                       **{k: number(r[k]) for k in GPU_STATE}})
     first = next(iter(rows))
     return {"table": to_markdown(pd.DataFrame(table)), "first": first,
             "attention_matmul_share": number(shares[first]["attention"]
@@ -234,7 +236,8 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
     fastest = ours_side["step_ms_median"].idxmin() if len(ours_side) else None
     env = env_summary(frame)
     # the step-time target is the full shape's on two H200s
-    has_target_ms = not shape["proxy"] and bool(env["gpu"]) \
+    sized = next((m for m in assignment["matrices"] if m["name"] == name), {})
+    has_target_ms = not shape["proxy"] and not sized.get("fits_gib") and bool(env["gpu"]) \
         and all(TARGET_GPU in gpu for gpu in env["gpu"])
     against = None
     stock_oom = bool((frame.loc[frame["variant"] == STOCK, "status"] == "oom").any())
@@ -282,13 +285,12 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
     checked = [c for c in checks if c is not None]
     worst_grad = number(ok["check_grad_max_rel_diff"].max()) if len(ok) else None
     walls = ok["wall_s"].dropna()
-    sized = next((m for m in assignment["matrices"] if m["name"] == name), {})
     fits = fit_facts(frame, sized["fits_gib"]) if sized.get("fits_gib") else None
     split = None
     if fastest is not None:
-        profiled = {variant_label(fastest): ok.loc[fastest]}
+        profiled = {"fastest": ok.loc[fastest]}
         if STOCK in ok.index:
-            profiled[variant_label(STOCK)] = ok.loc[STOCK]
+            profiled["stock"] = ok.loc[STOCK]
         split = time_split(profiled)
     return {
         "name": name, "measured": True, "shape": shape, "ceiling_tflops": ceiling,
