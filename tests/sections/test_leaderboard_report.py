@@ -276,3 +276,10 @@ def test_a_matrix_sized_for_smaller_gpus_says_which_peaks_fit(tmp_path):
     # without a size the matrix says nothing of fitting
     facts, text = _one(tmp_path, paths)
     assert facts["fits"] is None and "What fits" not in text
+
+
+def test_a_record_without_a_peak_is_neither_fitting_nor_over(tmp_path):
+    paths = [_record(tmp_path, "stock", 20.0, peak=None),
+             _record(tmp_path, "ours", 15.0, peak=None)]
+    fits = section.fit_facts(section.frame_of(paths), 76)
+    assert fits["fit"] == [] and fits["over"] == [] and fits["stock"] is None

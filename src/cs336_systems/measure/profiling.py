@@ -65,6 +65,14 @@ def is_matmul(kernel: str) -> bool:
     return bool(MATMUL.search(kernel))
 
 
+def trace_events(prof) -> list[dict]:
+    """The events of a finished profiler session, for a job that reads its trace and keeps no
+    file (written to a temporary folder and read back: the Chrome trace is the one form in
+    which kernels carry their launches' correlation ids)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return load_trace(export_trace(prof, Path(tmp) / "trace.json.gz"))
+
+
 def load_trace(path: str | Path) -> list[dict]:
     """The events of a trace written by `export_trace` (or an uncompressed one)."""
     opener = gzip.open if str(path).endswith(".gz") else open

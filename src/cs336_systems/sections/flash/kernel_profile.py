@@ -27,8 +27,6 @@ A GPU-only job: on a CPU it records `skipped`.
 from __future__ import annotations
 
 import argparse
-import tempfile
-from pathlib import Path
 
 import torch
 
@@ -38,12 +36,7 @@ from cs336_systems.lm.attention import (
     unavailable_reason,
 )
 from cs336_systems.lm.precision import PRECISIONS
-from cs336_systems.measure.profiling import (
-    capture,
-    export_trace,
-    kernel_table,
-    load_trace,
-)
+from cs336_systems.measure.profiling import capture, kernel_table, trace_events
 from cs336_systems.measure.timing import synchronize
 from cs336_systems.pipeline.cli import add_common_arguments, positive_int
 from cs336_systems.pipeline.records import Skip, run_and_record
@@ -145,8 +138,7 @@ def profile_variants(shape, dtype: torch.dtype, causal: bool, steps: int,
                         step()
                         synchronize(device)
     del inputs
-    with tempfile.TemporaryDirectory() as tmp:
-        events = load_trace(export_trace(prof, Path(tmp) / "kernels.trace.json.gz"))
+    events = trace_events(prof)
     rows = [row for row in kernel_table(events, {"variant": list(runs), "step": step_names})
             if row["variant"] and row["step"]]
     return rows, variants

@@ -179,8 +179,10 @@ def time_split(rows: dict[str, pd.Series]) -> dict | None:
 
 def fit_facts(frame: pd.DataFrame, gib: float) -> dict:
     """Which measured variants' peaks fit `gib` (the memory of the GPU a matrix is sized for),
-    fastest first, and whether the stock parts' does."""
-    ok = frame[frame["status"] == "ok"].sort_values("step_ms_median")
+    fastest first, and whether the stock parts' does (a record without a peak, from a CPU,
+    is in neither list)."""
+    ok = frame[(frame["status"] == "ok") & frame["peak_gib"].notna()].sort_values(
+        "step_ms_median")
     rows = [{"label": r["label"], "ms": number(r["step_ms_median"]),
              "peak_gib": number(r["peak_gib"]), "stock": r["variant"] == STOCK}
             for _, r in ok.iterrows()]

@@ -30,7 +30,6 @@ import shutil
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -47,7 +46,7 @@ from cs336_systems.lm.step import lm_step_phases, random_batch
 from cs336_systems.measure.ceilings import matmul_tflops
 from cs336_systems.measure.gpu_state import GpuSampler
 from cs336_systems.measure.memory import peak_gib, reset_peak
-from cs336_systems.measure.profiling import capture, export_trace, load_trace, time_by_class
+from cs336_systems.measure.profiling import capture, time_by_class, trace_events
 from cs336_systems.measure.timing import synchronize, time_phases
 from cs336_systems.pipeline.cli import (
     add_common_arguments,
@@ -147,9 +146,8 @@ def profile_step(phases, device: torch.device) -> dict:
         for _, fn in phases:
             fn()
         synchronize(device)
-    with tempfile.TemporaryDirectory() as tmp:
-        events = load_trace(export_trace(prof, Path(tmp) / "step.trace.json.gz"))
-    return {f"kernel_ms_{label}": ms for label, ms in time_by_class(events).items()}
+    return {f"kernel_ms_{label}": ms
+            for label, ms in time_by_class(trace_events(prof)).items()}
 
 
 def skip_reason(run: LeaderboardVariant, config: dict) -> str | None:
