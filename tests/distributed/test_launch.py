@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -25,6 +26,10 @@ def _failing_worker(rank: int, world_size: int) -> None:
     dist.barrier()  # rank 0 would wait here forever without the failure handling
 
 
+def _threads_worker(rank: int, world_size: int, out_dir: str) -> None:
+    save_result(out_dir, rank, torch.get_num_threads())
+
+
 def _hanging_worker(rank: int, world_size: int) -> None:
     time.sleep(600)
 
@@ -39,6 +44,14 @@ def test_spawn_runs_every_rank_in_one_group(tmp_path):
     for rank, (got_rank, world_size, x) in enumerate(run_on_ranks(_all_reduce_worker, tmp_path)):
         assert (got_rank, world_size) == (rank, 2)
         assert torch.equal(x, torch.full((3,), 3.0))
+
+
+def test_cpu_ranks_take_the_threads_they_are_given(tmp_path):
+    spawn(_threads_worker, 2, args=(str(tmp_path),), threads_per_rank=3)
+    assert [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)] == [3, 3]
+    default = max(1, (os.cpu_count() or 1) // 2)
+    spawn(_threads_worker, 2, args=(str(tmp_path),))
+    assert [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)] == [default, default]
 
 
 def test_spawn_reraises_a_worker_exception():
@@ -58,6 +71,8 @@ def test_spawn_rejects_bad_arguments():
         spawn(_hanging_worker, 0)
     with pytest.raises(ValueError, match="backend"):
         spawn(_hanging_worker, 1, backend="mpi")
+    with pytest.raises(ValueError, match="threads_per_rank"):
+        spawn(_hanging_worker, 1, threads_per_rank=0)
     with pytest.raises(ValueError, match="start_method must be one of spawn, fork"):
         spawn(_hanging_worker, 1, start_method="forkserver")
     with pytest.raises(ValueError, match="CUDA does not survive a fork"):

@@ -31,6 +31,10 @@ def _sum_of_ranks(config, rank, world_size, device):
     return {"sum": float(value), "rank": rank, "pid": os.getpid()}
 
 
+def _threads(config, rank, world_size, device):
+    return {"threads": torch.get_num_threads()}
+
+
 def _rank_one_raises(config, rank, world_size, device):
     if rank == 1:
         raise RuntimeError("rank one gave up")
@@ -64,6 +68,16 @@ def test_forked_ranks_join_one_group_and_rank_0_hands_back_its_metrics(tmp_path,
     assert record["status"] == "ok", record.get("message")
     assert record["metrics"]["sum"] == 3.0 and record["metrics"]["rank"] == 0
     assert record["metrics"]["pid"] != os.getpid()  # a worker measured, not the launcher
+
+
+def test_forked_ranks_take_one_thread_each_as_torchruns_workers_do(tmp_path, monkeypatch):
+    """A job is allotted a core a rank; a share of the whole machine per rank oversubscribed
+    the cores whenever two gloo jobs ran at once."""
+    monkeypatch.delenv(torchrun.RANKS_ENV, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)  # a machine's share would be 4 threads a rank
+    record = _launch(tmp_path, _threads)
+    assert record["status"] == "ok", record.get("message")
+    assert record["metrics"]["threads"] == 1
 
 
 def test_a_failing_rank_is_the_records_error_and_its_peer_does_not_hang(tmp_path, monkeypatch):

@@ -64,13 +64,13 @@ def require_initialized(who: str) -> tuple[int, int]:
 
 
 def _worker(rank: int, fn: Callable, world_size: int, backend: str, port: int, timeout_s: float,
-            args: tuple, errors) -> None:
+            threads: int, args: tuple, errors) -> None:
     os.environ.update(MASTER_ADDR=MASTER_ADDR, MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     if backend == "nccl":
         torch.cuda.set_device(rank)
     else:  # CPU ranks share the cores; oversubscribed intra-op threads only slow everyone down
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        torch.set_num_threads(threads)
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     try:
@@ -87,7 +87,8 @@ START_METHODS = ("spawn", "fork")
 
 
 def spawn(fn: Callable, world_size: int, backend: str = "gloo", args: tuple = (),
-          timeout_s: float = 120, start_method: str = "spawn") -> None:
+          timeout_s: float = 120, start_method: str = "spawn",
+          threads_per_rank: int | None = None) -> None:
     """Run `fn(rank, world_size, *args)` on `world_size` local processes joined in one group.
 
     With the "spawn" start method `fn` must be importable by name (a module-level function);
@@ -95,7 +96,9 @@ def spawn(fn: Callable, world_size: int, backend: str = "gloo", args: tuple = ()
     a second, and works on gloo only. When a worker raises, the others are terminated and a RuntimeError carrying
     the traceback of the rank that failed *first* is raised here (its peers then fail too, with
     "connection closed" errors that hide the cause). A run still going after `timeout_s` seconds
-    is terminated and raises TimeoutError. Every call uses a fresh port.
+    is terminated and raises TimeoutError. Every call uses a fresh port. CPU (gloo) ranks take
+    `threads_per_rank` intra-op threads each, by default an equal share of the machine's cores;
+    a caller that shares the machine with other jobs passes its own share.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
@@ -110,9 +113,14 @@ def spawn(fn: Callable, world_size: int, backend: str = "gloo", args: tuple = ()
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise ValueError(f"nccl with world_size {world_size} needs as many GPUs; "
                          f"found {torch.cuda.device_count()}")
+    if threads_per_rank is None:
+        threads_per_rank = max(1, (os.cpu_count() or 1) // world_size)
+    elif threads_per_rank < 1:
+        raise ValueError(f"threads_per_rank must be at least 1, got {threads_per_rank}")
     errors = mp.get_context(start_method).SimpleQueue()  # (time, rank, traceback) per failure
     context = mp.start_processes(
-        _worker, args=(fn, world_size, backend, free_port(), timeout_s, tuple(args), errors),
+        _worker, args=(fn, world_size, backend, free_port(), timeout_s, threads_per_rank,
+                       tuple(args), errors),
         nprocs=world_size, join=False, start_method=start_method)
     deadline = time.monotonic() + timeout_s
     try:

@@ -123,8 +123,12 @@ def _fork_ranks(work: Work, config: dict, world_size: int, backend: str,
     metrics."""
     with tempfile.TemporaryDirectory() as tmp:
         metrics_file = Path(tmp) / "rank0.json"
+        # One intra-op thread a rank, as torchrun gives its workers (OMP_NUM_THREADS=1) and as the
+        # rule allots (a core a rank): a share of the whole machine per rank oversubscribed the
+        # cores whenever Snakemake ran two gloo jobs at once, and a 1 MB all-reduce's 0.7 ms
+        # became 7 ms on a 64-core host.
         spawn(_forked_rank, world_size, backend, args=(work, config, str(metrics_file)),
-              timeout_s=timeout_s, start_method="fork")
+              timeout_s=timeout_s, start_method="fork", threads_per_rank=1)
         return json.loads(metrics_file.read_text())
 
 
