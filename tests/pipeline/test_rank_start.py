@@ -71,8 +71,8 @@ def test_forked_ranks_join_one_group_and_rank_0_hands_back_its_metrics(tmp_path,
 
 
 def test_forked_ranks_take_one_thread_each_as_torchruns_workers_do(tmp_path, monkeypatch):
-    """A job is allotted a core a rank; a share of the whole machine per rank oversubscribed
-    the cores whenever two gloo jobs ran at once."""
+    """A job is allotted a core a rank; with a share of the whole machine a rank, a 1 MB gloo
+    all-reduce took 9x as long on a 64-core host."""
     monkeypatch.delenv(torchrun.RANKS_ENV, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)  # a machine's share would be 4 threads a rank
     record = _launch(tmp_path, _threads)

@@ -124,9 +124,8 @@ def _fork_ranks(work: Work, config: dict, world_size: int, backend: str,
     with tempfile.TemporaryDirectory() as tmp:
         metrics_file = Path(tmp) / "rank0.json"
         # One intra-op thread a rank, as torchrun gives its workers (OMP_NUM_THREADS=1) and as the
-        # rule allots (a core a rank): a share of the whole machine per rank oversubscribed the
-        # cores whenever Snakemake ran two gloo jobs at once, and a 1 MB all-reduce's 0.7 ms
-        # became 7 ms on a 64-core host.
+        # rule allots (a core a rank). With a share of all the host's cores a rank, a 1 MB gloo
+        # all-reduce took 7.6 ms on a 64-core host even with one job at a time, 0.85 ms with one.
         spawn(_forked_rank, world_size, backend, args=(work, config, str(metrics_file)),
               timeout_s=timeout_s, start_method="fork", threads_per_rank=1)
         return json.loads(metrics_file.read_text())
