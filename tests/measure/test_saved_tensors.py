@@ -36,7 +36,8 @@ from cs336_systems.measure.saved_tensors import (
     compile_keeping_graphs,
     gradient_bytes,
 )
-from cs336_systems.pipeline.records import make_record, write_json_atomic
+from cs336_systems.pipeline.records import make_record
+from cs336_systems.records import write_json_atomic
 from cs336_systems.report.facts import jsonable
 from cs336_systems.report.render import render
 from cs336_systems.sections import Section

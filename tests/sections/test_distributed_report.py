@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from cs336_systems.distributed.variants import DDP_VARIANTS
-from cs336_systems.pipeline.records import make_record, write_json_atomic
+from cs336_systems.pipeline.records import make_record
+from cs336_systems.records import write_json_atomic
 from cs336_systems.report.coverage import PROBLEM_KEYS
 from cs336_systems.report.facts import jsonable
 from cs336_systems.report.render import fmt_ratio, render
@@ -43,7 +44,7 @@ def _records(root: Path) -> dict[str, list[str]]:
     return {"allreduce": sorted(str(p) for p in (root / "allreduce").glob("*.json")),
             "ddp": sorted(str(p) for p in (root / "ddp").glob("*/*.json")),
             "sharded": sorted(str(p) for p in (root / "sharded_optimizer").glob("*.json")),
-            "accounting": [str(root / "communication_accounting.json")]}
+            "accounting": [str(root / "distributed/communication_accounting.json")]}
 
 
 def _build(records: dict, folder: Path, assignment: dict = ASSIGNMENT) -> tuple[dict, dict]:
@@ -381,7 +382,7 @@ def test_sharded_state_and_times_are_the_ratios_of_the_two_records(facts):
 
 
 def test_accounting_facts_are_the_record(facts):
-    record = json.loads((REFERENCE / "communication_accounting.json").read_text())
+    record = json.loads((REFERENCE / "distributed/communication_accounting.json").read_text())
     for key, value in record["metrics"].items():
         if key in facts["accounting"]:
             assert facts["accounting"][key] == pytest.approx(value)

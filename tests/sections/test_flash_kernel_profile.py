@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.checkout import ROOT
 
-from cs336_systems.pipeline.records import read_record
+from cs336_systems.records import read_record
 from cs336_systems.report.facts import read_facts, write_facts
 from cs336_systems.report.render import render
 from cs336_systems.sections import Section
 from cs336_systems.sections.flash import kernel_profile, kernel_table
 from cs336_systems.sections.flash import report as flash
+from support.checkout import ROOT
 
 UNIT_TFLOP = 0.55
 ASSIGNMENT = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["flash"]

@@ -7,7 +7,8 @@ import pytest
 from cs336_systems.analysis.memory_model import analytic_peak, step_memory
 from cs336_systems.measure.collectives import gather_timing, summarize_gathers
 from cs336_systems.measure.memory import GIB
-from cs336_systems.pipeline.records import make_record, write_json_atomic
+from cs336_systems.pipeline.records import make_record
+from cs336_systems.records import write_json_atomic
 from cs336_systems.report.facts import jsonable
 from cs336_systems.report.render import render
 from cs336_systems.sections import Section

@@ -10,7 +10,8 @@ import yaml
 from cs336_systems.analysis.memory_model import analytic_peak, step_memory
 from cs336_systems.measure.memory import GIB
 from cs336_systems.measure.memory_timeline import Timeline, reduce_snapshot
-from cs336_systems.pipeline.records import make_record, read_record, write_json_atomic
+from cs336_systems.pipeline.records import make_record
+from cs336_systems.records import read_record, write_json_atomic
 from cs336_systems.report.facts import jsonable
 from cs336_systems.report.render import render
 from cs336_systems.sections import Section

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from cs336_systems.lm.model import MODEL_SIZES
-from cs336_systems.pipeline.records import make_record, write_json_atomic
+from cs336_systems.pipeline.records import make_record
+from cs336_systems.records import write_json_atomic
 from cs336_systems.report.coverage import PROBLEM_KEYS
 from cs336_systems.report.facts import jsonable
 from cs336_systems.report.render import render

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from cs336_systems.pipeline.records import make_record, write_json_atomic
+from cs336_systems.pipeline.records import make_record
+from cs336_systems.records import write_json_atomic
 from cs336_systems.report.render import render
 from cs336_systems.sections import Section
 from cs336_systems.sections.training import report as section

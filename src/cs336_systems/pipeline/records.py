@@ -1,23 +1,17 @@
-"""The per-configuration JSON record every experiment job writes, and the environment it ran in.
+"""The one writer of records (`run_and_record`) and the environment a record names.
 
-    {"section", "config": {...}, "status": "ok" | "oom" | "skipped" | "error",
-     "metrics": {...}, "env": {"device", "gpu", "torch", "triton", "git", "time",
-     "placement"?, "job_time"?}, "message"?}
-
-Units live in metric names (`forward_ms_mean`, `peak_gib`). Records are written atomically
-(temp file, then rename), so an interrupted job never leaves a half-written record behind.
+A job measures one configuration and `run_and_record` writes its record, whatever happens: an
+out-of-memory becomes status `oom`, `Skip` `skipped` with its reason, any other exception
+`error` with the traceback. The record's shape, and reading it back without torch, are in
+`cs336_systems.records`.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import json
 import logging
-import os
 import platform
-import subprocess
-import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -27,8 +21,7 @@ import torch
 
 from cs336_systems.measure import job_clock
 from cs336_systems.pipeline import gpus
-
-STATUSES = ("ok", "oom", "skipped", "error")
+from cs336_systems.records import STATUSES, git_commit, unwritable, write_json_atomic
 
 log = logging.getLogger("cs336_systems")
 
@@ -57,22 +50,6 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
-@functools.cache
-def git_commit() -> str:
-    """The commit the code came from: $CS336_GIT_COMMIT (for copies without .git), else git."""
-    if commit := os.environ.get("CS336_GIT_COMMIT"):
-        return commit
-    here = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here,
-                                capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=here, capture_output=True, text=True, check=True).stdout.strip()
-        return commit + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def environment(device: torch.device | str | None = None) -> dict[str, Any]:
     device = torch.device(device) if device is not None else resolve_device()
     try:
@@ -95,24 +72,6 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
     if device.type == "cuda" and (placement := gpus.placement_of_this_job()) is not None:
         env["placement"] = placement  # which of the machine's GPUs, and how many were busy
     return env
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write to a temp file beside `path`, then rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: str | Path, payload: dict) -> None:
-    write_text_atomic(path, json.dumps(payload, indent=1, default=str) + "\n")
 
 
 def make_record(section: str, config: dict, status: str, metrics: dict | None = None,
@@ -147,6 +106,9 @@ def run_and_record(section: str, config: dict, output: str | Path,
     This is the only writer of records: a distributed job's launcher calls it too.
     """
     configure_logging()
+    if problem := unwritable(Path(output).parent):  # before the measurement, not after it
+        log.error(problem)
+        raise SystemExit(1)
     log.info("%s: %s", section, json.dumps(config, default=str))
     job_clock.begin_measurement()
     env_device: torch.device | str = "cpu"
@@ -183,56 +145,3 @@ def run_and_record(section: str, config: dict, output: str | Path,
                  ", ".join(f"{k} {v:.2f}" for k, v in job_time["stages_s"].items()),
                  job_time["measuring_s"])
     return record
-
-
-RECORD_KEYS = ("section", "config", "status", "metrics", "env")
-# Folders of a preset's results that hold no records: the report's own outputs and job logs.
-NOT_RECORDS = ("sections", "tables", "figures", "logs")
-
-
-class DamagedRecord(ValueError):
-    """A record file that is not a record: it names the file, what is wrong with it and the
-    command that measures its configuration again."""
-
-
-def remeasure_command(path: str | Path) -> str:
-    """The command that re-measures the configuration whose record is at `path`
-    (results/<preset>/...): Snakemake forced on that one file."""
-    parts = Path(path).parts
-    preset = parts[parts.index("results") + 1] if "results" in parts[:-2] else None
-    config = f" --config preset={preset}" if preset else ""
-    return f"snakemake --cores 1 --force {path}{config}"
-
-
-def read_record(path: str | Path) -> dict:
-    """The record at `path`, checked: valid JSON, an object with the contract's keys
-    (RECORD_KEYS) and a known status; anything else raises `DamagedRecord`."""
-    def damaged(what: str) -> DamagedRecord:
-        return DamagedRecord(f"{path}: {what}. Measure it again with "
-                             f"`{remeasure_command(path)}`.")
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except json.JSONDecodeError as error:
-        raise damaged(f"not valid JSON ({error.msg} at line {error.lineno}, column "
-                      f"{error.colno}); the file may be truncated") from None
-    if not isinstance(record, dict):
-        raise damaged(f"a record is a JSON object, this is a {type(record).__name__}")
-    if missing := [key for key in RECORD_KEYS if key not in record]:
-        raise damaged(f"missing {', '.join(repr(k) for k in missing)} (a record has "
-                      f"{', '.join(RECORD_KEYS)})")
-    if record["status"] not in STATUSES:
-        raise damaged(f"unknown status {record['status']!r} (a record's status is one of "
-                      f"{', '.join(STATUSES)})")
-    return record
-
-
-def check_records(results_dir: str | Path) -> int:
-    """Reads every record under a preset's results folder through `read_record` (raising on the
-    first damaged one); returns how many there are."""
-    results_dir = Path(results_dir)
-    paths = [p for p in sorted(results_dir.rglob("*.json"))
-             if p.relative_to(results_dir).parts[0] not in NOT_RECORDS]
-    for path in paths:
-        read_record(path)
-    return len(paths)

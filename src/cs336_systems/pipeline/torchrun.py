@@ -39,12 +39,8 @@ from cs336_systems.distributed.launch import (
     unavailable_reason,
 )
 from cs336_systems.paths import SRC_ROOT
-from cs336_systems.pipeline.records import (
-    Skip,
-    configure_logging,
-    run_and_record,
-    write_json_atomic,
-)
+from cs336_systems.pipeline.records import Skip, configure_logging, run_and_record
+from cs336_systems.records import write_json_atomic
 
 Work = Callable[[dict, int, int, torch.device], dict]
 METRICS_FILE_ENV = "CS336_RANK0_METRICS"  # where a worker of rank 0 leaves its metrics

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cs336_systems.pipeline.records import write_text_atomic
+from cs336_systems.records import write_text_atomic
 
 
 def jsonable(value: Any) -> Any:

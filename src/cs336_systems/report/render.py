@@ -22,7 +22,7 @@ from pathlib import Path
 
 import jinja2
 
-from cs336_systems.pipeline.records import write_text_atomic
+from cs336_systems.records import write_text_atomic
 from cs336_systems.report.facts import read_facts
 
 TEMPLATES = Path(__file__).parent / "templates"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336_systems.pipeline.records import read_record
+from cs336_systems.records import read_record
 
 ENV_COLUMNS = ("device", "gpu", "torch", "triton", "git")
 

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from cs336_systems.paths import PACKAGE_DIR
-from cs336_systems.pipeline.records import git_commit, write_text_atomic
+from cs336_systems.records import git_commit, write_text_atomic
 from cs336_systems.report.coverage import coverage_rows
 from cs336_systems.report.facts import read_facts
 from cs336_systems.report.job_times import section_rows

@@ -14,7 +14,7 @@ import pandas as pd
 from cs336_systems.analysis.attention_memory import eager_attention_bytes
 from cs336_systems.lm.attention import attention_label
 from cs336_systems.lm.model import MODEL_SIZES
-from cs336_systems.pipeline.records import read_record
+from cs336_systems.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import (
     covered,

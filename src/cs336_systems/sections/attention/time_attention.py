@@ -33,11 +33,7 @@ from cs336_systems.pipeline.cli import (
     non_negative_int,
     positive_int,
 )
-from cs336_systems.pipeline.records import (
-    OutOfMemoryIn,
-    is_out_of_memory,
-    run_and_record,
-)
+from cs336_systems.pipeline.records import OutOfMemoryIn, is_out_of_memory, run_and_record
 
 
 def _first(samples: dict, phase: str) -> float:

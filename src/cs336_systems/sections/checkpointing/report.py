@@ -21,7 +21,7 @@ from cs336_systems.analysis.checkpoint_trees import OPTIMAL
 from cs336_systems.analysis.memory_model import block_residuals
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.measure.memory import GIB, PEAK_SOURCES
-from cs336_systems.pipeline.records import read_record
+from cs336_systems.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import covered, not_ok, reason, speedup
 from cs336_systems.report.render import fmt, fmt_ratio

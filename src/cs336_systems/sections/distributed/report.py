@@ -22,7 +22,7 @@ import pandas as pd
 from cs336_systems.distributed.launch import backend_for
 from cs336_systems.distributed.variants import DDP_VARIANTS, TRAINING_PHASES
 from cs336_systems.lm.model import MODEL_SIZES
-from cs336_systems.pipeline.records import read_record
+from cs336_systems.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import covered, jsonable, not_ok, number, speedup
 from cs336_systems.report.render import fmt

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cs336_systems.measure.timing import summarize
-from cs336_systems.pipeline.records import read_record
+from cs336_systems.records import read_record
 from cs336_systems.report.facts import reason, speedup
 from cs336_systems.report.render import fmt
 from cs336_systems.report.tables import to_markdown

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336_systems.pipeline.records import read_record
+from cs336_systems.records import read_record
 from cs336_systems.report.facts import reason, speedup
 from cs336_systems.report.render import fmt, fmt_ratio
 from cs336_systems.report.tables import MAX_SHOWN_ROWS, to_markdown

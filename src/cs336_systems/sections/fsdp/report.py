@@ -17,7 +17,7 @@ import pandas as pd
 from cs336_systems.analysis.memory_model import analytic_peak, step_memory
 from cs336_systems.distributed.variants import FSDP_VARIANTS, TRAINING_PHASES
 from cs336_systems.measure.memory import GIB
-from cs336_systems.pipeline.records import read_record
+from cs336_systems.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import covered, not_ok, number, speedup
 from cs336_systems.report.tables import (

@@ -22,7 +22,7 @@ from cs336_systems.lm.precision import PRECISIONS
 from cs336_systems.lm.step import MODES
 from cs336_systems.measure.memory import GIB
 from cs336_systems.measure.memory_timeline import PREEXISTING, Timeline
-from cs336_systems.pipeline.records import read_record
+from cs336_systems.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import covered, not_ok, reason
 from cs336_systems.report.tables import (

@@ -17,7 +17,7 @@ import pandas as pd
 from cs336_systems.analysis.mixed_precision import LAYERNORM_METHODS
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.step import MODES
-from cs336_systems.pipeline.records import read_record
+from cs336_systems.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import (
     covered,

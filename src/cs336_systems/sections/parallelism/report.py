@@ -26,7 +26,7 @@ import sympy as sp
 
 from cs336_systems.analysis import parallelism as par
 from cs336_systems.lm.model import MODEL_SIZES
-from cs336_systems.pipeline.records import read_record
+from cs336_systems.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import covered, reason
 from cs336_systems.report.render import fmt

@@ -16,16 +16,16 @@ import pandas as pd
 from cs336_systems.lm.attention import ATTENTION_PARTS
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.step import MODES
-from cs336_systems.pipeline.records import read_record
+from cs336_systems.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import covered, not_ok, reason
 from cs336_systems.report.render import fmt
 from cs336_systems.report.tables import (
     ensure_columns,
     env_summary,
+    long_table,
     mean_pm_std,
     records_frame,
-    long_table,
     to_markdown,
     write_table,
 )

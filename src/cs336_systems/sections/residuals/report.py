@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from cs336_systems.lm.model import MODEL_SIZES
-from cs336_systems.pipeline.records import read_record
+from cs336_systems.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import covered, not_ok
 from cs336_systems.report.tables import (

@@ -17,7 +17,7 @@ import pandas as pd
 
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.optimizer import optimizer_label
-from cs336_systems.pipeline.records import read_record
+from cs336_systems.records import read_record
 from cs336_systems.report.facts import not_ok, number, speedup
 from cs336_systems.report.tables import (
     ensure_columns,
