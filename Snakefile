@@ -10,6 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from cs336_systems.pipeline.config import ConfigError, resolve_preset, validate
+from cs336_systems.records import unwritable
 from cs336_systems.sections import SECTIONS
 
 
@@ -38,3 +39,10 @@ include: "workflow/rules/archive.smk"
 rule all:
     input:
         "report/writeup.md",
+
+
+onstart:
+    # before any job runs (not on a dry run): one line, not a traceback after a measurement
+    for folder in (RESULTS, LOGS, "report"):
+        if problem := unwritable(folder):
+            sys.exit(problem)

@@ -113,3 +113,13 @@ def test_two_leaderboard_matrices_of_one_name_are_refused(config):
     matrices = config["defaults"]["leaderboard"]["matrices"]
     matrices[1]["name"] = matrices[0]["name"]
     assert "leaderboard.matrices': two matrices share a name (full, full, proxy)" in _error(config)
+
+
+def test_an_integer_key_refuses_a_float(config):
+    """JSON Schema counts 2.0 as an integer; this project does not (a batch of 2.0 would reach
+    range() and the records' names)."""
+    config["defaults"]["benchmark"]["batch_size"] = 2.0
+    message = _error(config)
+    assert "config key 'defaults.benchmark.batch_size': 2.0 is not of type 'integer'" in message
+    config["defaults"]["benchmark"]["batch_size"] = 2
+    validate(config, SCHEMA)

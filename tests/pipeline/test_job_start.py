@@ -110,6 +110,27 @@ def test_a_failing_job_returns_its_status_through_the_server(server_on, tmp_path
     assert not (tmp_path / "r.json").exists()
 
 
+def test_a_server_that_exits_idle_leaves_nothing_behind(server_on, tmp_path, monkeypatch):
+    """Its socket, lock and log lie in the runtime folder and go when it exits."""
+    monkeypatch.setattr(jobserver, "IDLE_S", 1.0)
+    folder = jobserver.runtime_dir()
+    assert run(_study_job(tmp_path)) == 0
+    assert any(folder.iterdir())  # the server's socket, lock and log while it runs
+    deadline = time.time() + 30
+    while any(folder.iterdir()) and time.time() < deadline:
+        time.sleep(0.2)
+    assert list(folder.iterdir()) == []
+
+
+def test_the_runtime_folder_is_the_users_own(monkeypatch, tmp_path):
+    monkeypatch.undo()  # the real runtime_dir, under a runtime folder of the test's
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    folder = jobserver.runtime_dir()
+    assert folder == tmp_path / "cs336-jobs" and folder.stat().st_mode & 0o777 == 0o700
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "missing"))
+    assert jobserver.runtime_dir().parent != tmp_path / "missing"  # falls back to the temp folder
+
+
 def test_without_the_server_the_job_runs_here(monkeypatch, tmp_path):
     monkeypatch.setenv("CS336_JOBSERVER", "0")
     assert jobserver.submit(_study_job(tmp_path)) is None
@@ -165,7 +186,6 @@ def test_the_header_says_how_many_gpus_jobs_held_at_once(tmp_path):
 def _own_server_folder(monkeypatch, tmp_path_factory):
     """Servers of these tests listen in a folder of their own and exit soon after."""
     folder = tmp_path_factory.mktemp("sockets")
-    monkeypatch.setattr(jobserver, "socket_path",
-                        lambda key: folder / f"{key}.sock")
+    monkeypatch.setattr(jobserver, "runtime_dir", lambda: folder)
     monkeypatch.setattr(jobserver, "IDLE_S", 5.0)
     monkeypatch.setenv("CS336_GIT_COMMIT", os.environ.get("CS336_GIT_COMMIT", "test"))

@@ -3,8 +3,9 @@ import json
 import pytest
 import torch
 
-from cs336_systems.pipeline import records
-from cs336_systems.pipeline.records import run_and_record, write_json_atomic
+from cs336_systems import records
+from cs336_systems.pipeline.records import make_record, run_and_record
+from cs336_systems.records import write_json_atomic
 from cs336_systems.sections.benchmark import time_step as benchmark
 
 
@@ -91,7 +92,7 @@ def _written(tmp_path, text: str) -> str:
 
 
 def _good_record() -> dict:
-    return records.make_record("flash", {"seq": 256}, "ok", {"forward_ms_median": 1.0},
+    return make_record("flash", {"seq": 256}, "ok", {"forward_ms_median": 1.0},
                                env={"git": "abc"})
 
 
@@ -108,6 +109,7 @@ def test_a_truncated_record_names_the_file_and_the_command(tmp_path):
     text = json.dumps(_good_record(), indent=1)
     message = _damage_message(_written(tmp_path, text[:100]))
     assert "not valid JSON" in message and "may be truncated" in message
+    assert " at at " not in message
 
 
 @pytest.mark.parametrize("key", records.RECORD_KEYS)
@@ -141,26 +143,24 @@ def test_a_good_record_reads_back_and_check_records_counts_them(tmp_path):
         records.check_records(results)
 
 
-def test_rerender_refuses_an_archive_with_a_damaged_record(tmp_path, capsys, monkeypatch):
-    """`archive rerender` checks the archive's records before rendering anything: exit 2 and
-    the damage, no traceback."""
-    import tarfile
+def test_a_folder_that_cannot_be_written_is_named_before_anything_is_measured(
+        tmp_path, monkeypatch, caplog):
+    """(Checked with os.access, which root passes: the test makes it refuse.)"""
+    from cs336_systems.records import unwritable
 
-    from cs336_systems.pipeline import archive
-
-    path = _written(tmp_path, json.dumps(_good_record())[:80])
-    config = tmp_path / "config.resolved.yaml"
-    config.write_text("preset: quick\n")
-    tarball = tmp_path / "quick.tar.gz"
-    with tarfile.open(tarball, "w:gz") as tar:
-        tar.add(path, arcname="results/quick/flash/eager_seq256_d64_bf16.json")
-        tar.add(config, arcname="config.resolved.yaml")
-    checkout = tmp_path / "checkout"
-    checkout.mkdir()
-    monkeypatch.chdir(checkout)
-    with pytest.raises(SystemExit) as exit_:
-        archive.main(["rerender", str(tarball)])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert "results/quick/flash/eager_seq256_d64_bf16.json: not valid JSON" in err
-    assert "Traceback" not in err
+    blocked = tmp_path / "results"
+    blocked.mkdir()
+    assert unwritable(blocked / "smoke" / "benchmark") is None
+    (tmp_path / "file").write_text("x")
+    assert unwritable(tmp_path / "file" / "logs") == (
+        f"cannot write {tmp_path / 'file' / 'logs'}: {tmp_path / 'file'} is a file, not a folder")
+    real_access = __import__("os").access
+    monkeypatch.setattr("os.access", lambda path, mode: False if str(path) == str(blocked)
+                        else real_access(path, mode))
+    assert unwritable(blocked / "smoke") == (
+        f"cannot write {blocked / 'smoke'}: {blocked} is not writable for this user")
+    measured = []
+    with pytest.raises(SystemExit):
+        run_and_record("demo", {}, blocked / "smoke" / "r.json",
+                       lambda device: measured.append(1) or {}, device="cpu")
+    assert measured == [] and "is not writable for this user" in caplog.text

@@ -24,9 +24,24 @@ def _rules(name: str) -> str:
 def test_a_section_is_one_folder(name):
     section = Section(name)
     for path in (section.folder / "__init__.py", section.folder / "report.py", section.template,
-                 section.rules_file(ROOT / "workflow")):
+                 section.records_schema, section.rules_file(ROOT / "workflow")):
         assert path.is_file(), path
     assert section.captions.is_dir()
+    assert "**tables_inputs(" in _rules(name)  # its records' folders, schemas and code
+
+
+@pytest.mark.parametrize("name", SECTIONS)
+def test_it_describes_the_records_its_jobs_write(name):
+    """Each CLI of the section writes records of a kind its records.yaml describes."""
+    import re
+
+    import yaml
+
+    kinds = set(yaml.safe_load(Section(name).records_schema.read_text()))
+    written = set()
+    for cli in Section(name).folder.glob("*.py"):
+        written |= set(re.findall(r'run_and_record\(\s*"(\w+)"', cli.read_text()))
+    assert written <= kinds, f"{name}: records of kinds {sorted(written - kinds)} undescribed"
 
 
 @pytest.mark.parametrize("name", SECTIONS)

@@ -287,23 +287,53 @@ def test_the_archive_holds_results_writeup_config_and_manifest(smoke_archive):
     assert config["preset"] == "smoke" and config["benchmark"]["sizes"] == ["tiny"]
 
 
-def test_an_archive_rerenders_to_the_same_writeup_without_measuring(smoke_archive, tmp_path):
+def _tree(folder: Path) -> dict[str, float]:
+    return {str(p): p.stat().st_mtime for p in folder.rglob("*") if p.is_file()} \
+        if folder.exists() else {}
+
+
+def test_an_archive_rerenders_to_the_same_writeup_without_measuring(smoke_run, smoke_archive,
+                                                                    tmp_path):
+    """From any folder, into a new folder of its own, with the code of the checkout it runs
+    from (the copy that made the archive): the same writeup, every report rule run again,
+    nothing measured, nothing of the checkout touched."""
     import tarfile
 
-    fresh = tmp_path / "fresh"
-    copy_checkout(fresh)
-    env = {**os.environ, "CS336_GIT_COMMIT": "test-copy"}
-    run = subprocess.run([sys.executable, "-m", "cs336_systems.pipeline.archive", "rerender",
-                          str(smoke_archive)], cwd=fresh, env=env, check=True,
-                         capture_output=True, text=True, timeout=600)
-    with tarfile.open(smoke_archive) as tar:
-        archived = tar.extractfile("report/writeup.md").read().decode()
-    assert (fresh / "report/writeup.md").read_text() == archived
-    ran = set(re.findall(r"^(?:local)?rule (\w+):", run.stdout + run.stderr, re.M))
     from cs336_systems.sections import SECTIONS
 
+    elsewhere, into = tmp_path / "elsewhere", tmp_path / "rendered"
+    elsewhere.mkdir()
+    checkout_before = {**_tree(smoke_run / "results"), **_tree(smoke_run / "report")}
+    env = {**os.environ, "CS336_GIT_COMMIT": "test-copy",
+           "PYTHONPATH": str(smoke_run / "src")}
+    run = subprocess.run([sys.executable, "-m", "cs336_systems.pipeline.archive", "rerender",
+                          str(smoke_archive), "--into", str(into)], cwd=elsewhere, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    with tarfile.open(smoke_archive) as tar:
+        archived = tar.extractfile("report/writeup.md").read().decode()
+    assert (into / "report/writeup.md").read_text() == archived
+    assert f"writeup: {into / 'report/writeup.md'} (the same as the archived one)" in run.stdout
+    ran = set(re.findall(r"^(?:local)?rule (\w+):", run.stdout + run.stderr, re.M))
     # every report rule, and nothing that measures
     assert ran == {f"{section}_tables" for section in SECTIONS} | {"section_markdown", "writeup"}
+    assert list(elsewhere.iterdir()) == []
+    assert {**_tree(smoke_run / "results"), **_tree(smoke_run / "report")} == checkout_before
+
+
+def test_a_deleted_record_is_measured_again(smoke_run):
+    """Snakemake alone would say "Nothing to be done" and keep the old numbers."""
+    record = smoke_run / "results/smoke/ddp/tiny/naive.json"
+    kept = record.read_bytes()
+    record.unlink()
+    try:
+        stale = stale_rules(smoke_run)
+        assert {"ddp", "distributed_tables", "section_markdown", "writeup"} <= stale
+        assert not stale & {"benchmark", "flash_tables"}
+    finally:
+        record.write_bytes(kept)
+        snakemake(smoke_run, "--touch", "report/writeup.md")
+    assert stale_rules(smoke_run) == set()
 
 
 def test_the_html_report_shows_every_section(smoke_run):

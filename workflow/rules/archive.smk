@@ -18,6 +18,7 @@ rule archive:
         preset_config=P,
         results_dir=lambda wildcards, input: str(Path(input.facts[0]).parent.parent),
         heavy=config.get("archive_heavy", False),
+        records=planned_records(),  # refused if any is missing; listed in the manifest
     conda:
         SOFTWARE
     script:

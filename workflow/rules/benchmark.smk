@@ -53,8 +53,10 @@ rule benchmark:
 
 rule benchmark_tables:
     input:
-        records=BENCH_RECORDS,
-        code=sources("cs336_systems.sections.benchmark.report"),
+        **tables_inputs(
+            "cs336_systems.sections.benchmark.report",
+            records=BENCH_RECORDS,
+        ),
     output:
         facts=facts("benchmark"),
         table=report(table("benchmark"), caption=caption("benchmark"),

@@ -77,12 +77,14 @@ rule checkpointing_nested:
 
 rule checkpointing_tables:
     input:
-        records=expand(CKPT_RECORD, size=CKPT["size"], context_length=CKPT["context_length"],
-                       mode=CKPT["mode"], precision=CKPT["precision"],
-                       block_size=CKPT_BLOCK_SIZES),
-        nested=expand(CKPT_NESTED_RECORD, **{k: CKPT["nested"][k] for k in
-                                             ("size", "context_length", "batch_size")}),
-        code=sources("cs336_systems.sections.checkpointing.report"),
+        **tables_inputs(
+            "cs336_systems.sections.checkpointing.report",
+            records=expand(CKPT_RECORD, size=CKPT["size"], context_length=CKPT["context_length"],
+                           mode=CKPT["mode"], precision=CKPT["precision"],
+                           block_size=CKPT_BLOCK_SIZES),
+            nested=expand(CKPT_NESTED_RECORD, **{k: CKPT["nested"][k] for k in
+                                                 ("size", "context_length", "batch_size")}),
+        ),
     output:
         facts=facts("checkpointing"),
         simulation_table=report(table("checkpointing_simulation"),

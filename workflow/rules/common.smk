@@ -2,18 +2,32 @@
 #
 # Every rule runs workflow/scripts/job.py (Snakemake's script directive) with `params.job`
 # naming its entry point in cs336_systems.pipeline.jobs: `experiment` (params.cli on params.args ->
-# one record), `section_tables`, `section_markdown` or `writeup`. Jobs run in the Python that
-# runs Snakemake (scripts/setup.sh's .venv, or a GPU box's own CUDA build of PyTorch); that is
-# why rules name no conda environment or container, the one thing `snakemake --lint` still
-# asks of each of them.
+# one record), `section_tables`, `section_markdown`, `writeup` or `archive`. Jobs run in the
+# Python that runs Snakemake (scripts/setup.sh's .venv, or a GPU box's own CUDA build of
+# PyTorch); every rule also names SOFTWARE, the same packages as a conda environment, for
+# `--software-deployment-method conda` (and for `snakemake --lint`, which asks it of each rule).
 
 import os
 import re
 
 from cs336_systems.lm.optimizer import optimizer_modules
+from cs336_systems.pipeline.jobs import TABLES_SUPPORT
 from cs336_systems.pipeline.sources import module_sources
+from cs336_systems.report.record_schemas import schema_files
 
-PACKAGE = "src/cs336_systems"
+# The checkout's own files, as the rules list them: from the working directory where Snakemake
+# runs in the checkout, as absolute paths where it runs elsewhere (`--directory`, which
+# `archive rerender` uses to render an archive in a folder of its own with this checkout's code).
+CHECKOUT = Path(workflow.basedir).resolve()
+IN_CHECKOUT = Path.cwd().resolve() == CHECKOUT
+
+
+def checkout_file(path):
+    """A file of this checkout (a path from its root), as a rule's input names it."""
+    return str(path) if IN_CHECKOUT else str(CHECKOUT / path)
+
+
+PACKAGE = checkout_file("src/cs336_systems")
 RESULTS = f"results/{PRESET}"
 TABLES = f"{RESULTS}/tables"
 FIGURES = f"{RESULTS}/figures"
@@ -34,8 +48,8 @@ ASSIGNMENT = config["defaults"]
 
 def sources(*modules):
     """Source files whose change must redo a rule: the modules it runs and what they import."""
-    return module_sources(*modules, src_root=Path(workflow.basedir) / "src",
-                          relative_to=Path(workflow.basedir))
+    return module_sources(*modules, src_root=CHECKOUT / "src",
+                          relative_to=CHECKOUT if IN_CHECKOUT else None)
 
 
 def step_sources(cli, mode, *modules):
@@ -75,7 +89,7 @@ def section_file(section, name):
 def caption(name):
     """The caption of a table or figure in `snakemake --report`: captions/<name>.rst in its
     section's folder (the writeup's in report/captions/), as a path from this rules folder."""
-    found = sorted(Path(workflow.basedir, PACKAGE).glob(f"**/captions/{name}.rst"))
+    found = sorted(Path(CHECKOUT, "src/cs336_systems").glob(f"**/captions/{name}.rst"))
     if len(found) != 1:
         raise WorkflowError(f"caption {name!r}: {len(found)} files named captions/{name}.rst "
                             f"under {PACKAGE}; there must be one")
@@ -84,6 +98,61 @@ def caption(name):
 
 def facts(section):
     return f"{SECTION_DIR}/{section}.json"
+
+
+# What each kind of record must hold (sections/*/records.yaml), checked when a table reads it.
+RECORD_SCHEMAS = [checkout_file(p.relative_to(CHECKOUT)) for p in schema_files()]
+
+
+def record_folders(*groups):
+    """The folders that hold a section's records, made now where missing. A tables rule lists
+    them as inputs: deleting a record changes its folder's modification time, which makes the
+    section's tables stale, and remaking them measures the missing record again. (Snakemake by
+    itself redoes a missing input only when the job that reads it has to run anyway: a record
+    deleted after its tables were made would otherwise go unnoticed.)"""
+    folders = sorted({str(Path(path).parent) for group in groups
+                      for path in ([group] if isinstance(group, str) else group)})
+    for folder in folders:
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise WorkflowError(f"cannot make the records' folder {folder}: "
+                                f"{error.strerror or error}; results/ must be writable") from None
+    return folders
+
+
+def tables_inputs(report_module, **records):
+    """The inputs of a `<section>_tables` rule: its record groups (named as its report module
+    reads them); their folders (see record_folders) and every other record planned in those
+    folders (`neighbours`), so that the tables are made after the last write to any of them;
+    the record schemas its job checks them against; and the code that makes the tables."""
+    folders = record_folders(*records.values())
+    own = {str(path) for group in records.values()
+           for path in ([group] if isinstance(group, str) else group)}
+    return {**records, "folders": folders,
+            "neighbours": lambda wildcards: [path for path in planned_records()
+                                             if str(Path(path).parent) in folders
+                                             and path not in own],
+            "schemas": RECORD_SCHEMAS,
+            "code": sources(report_module, "cs336_systems.report.record_schemas")}
+
+
+_PLANNED = []
+
+
+def planned_records():
+    """Every record the writeup is made from: the record inputs of every section's tables
+    rule, known once every rules file has been read (call it from an input function or after
+    the includes)."""
+    if not _PLANNED:
+        _PLANNED.extend(sorted({
+            str(path)
+            for section in SECTIONS
+            for name, paths in getattr(rules, f"{section}_tables").input.items()
+            if name not in TABLES_SUPPORT
+            for path in ([paths] if isinstance(paths, str) else paths)
+            if str(path).startswith(f"{RESULTS}/") and str(path).endswith(".json")}))
+    return _PLANNED
 
 
 # What a job asks a scheduler for. profiles/slurm hands these to sbatch (gpu -> --gpus,

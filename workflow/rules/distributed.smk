@@ -15,8 +15,8 @@ ALLREDUCE_RECORD = f"{RESULTS}/allreduce/{{backend}}_{{size_mb}}mb_world{{world_
 # A DDP run is named by its model size (2025's xl, 2026's xl = our 2.7b) and its variant.
 DDP_RECORD = f"{RESULTS}/ddp/{{size}}/{{variant}}.json"
 SHARDED_RECORD = f"{RESULTS}/sharded_optimizer/{{sharding}}.json"
-ACCOUNTING_RECORD = f"{RESULTS}/communication_accounting.json"
-DDP_CHECK_RECORD = f"{RESULTS}/ddp_check.json"
+ACCOUNTING_RECORD = f"{RESULTS}/distributed/communication_accounting.json"
+DDP_CHECK_RECORD = f"{RESULTS}/distributed/ddp_check.json"
 
 # A DDP run is named by its variant, the bucketed one by its bucket size too: bucketed-<MB>mb.
 DDP_RUNS = [v for v in DDP_VARIANTS if v in DDP_CONFIG["variants"] and v != "bucketed"]
@@ -167,8 +167,10 @@ rule communication_accounting:
 
 rule distributed_tables:
     input:
-        **DISTRIBUTED_RECORDS,
-        code=sources("cs336_systems.sections.distributed.report"),
+        **tables_inputs(
+            "cs336_systems.sections.distributed.report",
+            **DISTRIBUTED_RECORDS,
+        ),
     output:
         facts=facts("distributed"),
         allreduce_table=report(table("allreduce"), caption=caption("allreduce"),

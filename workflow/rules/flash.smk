@@ -132,11 +132,13 @@ rule flash_kernels:
 
 rule flash_tables:
     input:
-        records=FLASH_RECORDS,
-        leaderboard=LEADERBOARD_RECORDS,
-        speed=SPEED_RECORDS,
-        kernels=KERNELS_RECORDS,
-        code=sources("cs336_systems.sections.flash.report"),
+        **tables_inputs(
+            "cs336_systems.sections.flash.report",
+            records=FLASH_RECORDS,
+            leaderboard=LEADERBOARD_RECORDS,
+            speed=SPEED_RECORDS,
+            kernels=KERNELS_RECORDS,
+        ),
     output:
         facts=facts("flash"),
         table=report(table("flash"), caption=caption("flash"), category=FLASH_CATEGORY),

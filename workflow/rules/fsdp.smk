@@ -47,8 +47,10 @@ rule fsdp:
 
 rule fsdp_tables:
     input:
-        records=expand(FSDP_RECORD, run=FSDP_RUNS),
-        code=sources("cs336_systems.sections.fsdp.report"),
+        **tables_inputs(
+            "cs336_systems.sections.fsdp.report",
+            records=expand(FSDP_RECORD, run=FSDP_RUNS),
+        ),
     output:
         facts=facts("fsdp"),
         table=report(table("fsdp"), caption=caption("fsdp"), category=FSDP_CATEGORY),

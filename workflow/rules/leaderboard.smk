@@ -46,8 +46,10 @@ rule leaderboard:
 
 rule leaderboard_tables:
     input:
-        records=BOARD_RECORDS,
-        code=sources("cs336_systems.sections.leaderboard.report"),
+        **tables_inputs(
+            "cs336_systems.sections.leaderboard.report",
+            records=BOARD_RECORDS,
+        ),
     output:
         facts=facts("leaderboard"),
         table=report(table("leaderboard"), caption=caption("leaderboard"),

@@ -47,9 +47,11 @@ rule memory:
 
 rule memory_tables:
     input:
-        records=expand(MEM_RECORD, size=MEM["sizes"], context_length=MEM["context_lengths"],
-                       mode=MEM["modes"], precision=MEM["precisions"]),
-        code=sources("cs336_systems.sections.memory.report"),
+        **tables_inputs(
+            "cs336_systems.sections.memory.report",
+            records=expand(MEM_RECORD, size=MEM["sizes"], context_length=MEM["context_lengths"],
+                           mode=MEM["modes"], precision=MEM["precisions"]),
+        ),
     output:
         facts=facts("memory"),
         peak_table=report(table("memory_peaks"), caption=caption("memory_peaks"),

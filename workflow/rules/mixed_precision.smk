@@ -78,11 +78,13 @@ rule mixed_precision_layernorm:
 
 rule mixed_precision_tables:
     input:
-        accumulation=MP_ACCUMULATION_RECORD,
-        toy_model=expand(MP_TOY_RECORD, precision=MP["toy_model"]["precisions"]),
-        layernorm=MP_LAYERNORM_RECORD,
-        benchmark=MP_BENCH_RECORDS,
-        code=sources("cs336_systems.sections.mixed_precision.report"),
+        **tables_inputs(
+            "cs336_systems.sections.mixed_precision.report",
+            accumulation=MP_ACCUMULATION_RECORD,
+            toy_model=expand(MP_TOY_RECORD, precision=MP["toy_model"]["precisions"]),
+            layernorm=MP_LAYERNORM_RECORD,
+            benchmark=MP_BENCH_RECORDS,
+        ),
     output:
         facts=facts("mixed_precision"),
         accumulation_table=report(table("mixed_precision_accumulation"),

@@ -38,10 +38,12 @@ rule parallelism_checks:
 
 rule parallelism_tables:
     input:
-        checks=PAR_CHECKS_RECORD,
-        allreduce=PAR_ALLREDUCE_RECORDS,
-        benchmark=PAR_BENCH_RECORDS,
-        code=sources("cs336_systems.sections.parallelism.report"),
+        **tables_inputs(
+            "cs336_systems.sections.parallelism.report",
+            checks=PAR_CHECKS_RECORD,
+            allreduce=PAR_ALLREDUCE_RECORDS,
+            benchmark=PAR_BENCH_RECORDS,
+        ),
     output:
         facts=facts("parallelism"),
         limits_table=report(table("parallelism_limits"), caption=caption("parallelism_limits"),

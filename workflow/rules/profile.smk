@@ -44,9 +44,11 @@ rule profile:
 
 rule profile_tables:
     input:
-        records=expand(PROF_RECORD, tool="torch", **PROF_CONFIGS),
-        nsys_records=expand(PROF_RECORD, tool="nsys", **PROF_CONFIGS) if PROF["nsys"] else [],
-        code=sources("cs336_systems.sections.profile.report"),
+        **tables_inputs(
+            "cs336_systems.sections.profile.report",
+            records=expand(PROF_RECORD, tool="torch", **PROF_CONFIGS),
+            nsys_records=expand(PROF_RECORD, tool="nsys", **PROF_CONFIGS) if PROF["nsys"] else [],
+        ),
     output:
         facts=facts("profile"),
         kernel_table=report(table("profile_kernels"), caption=caption("profile_kernels"),

@@ -70,13 +70,15 @@ rule residuals_block:
 
 rule residuals_tables:
     input:
-        rmsnorm=expand(RES_RMSNORM_RECORD, variant=VARIANTS, precision=RES["precision"],
-                       **RES_RMSNORM),
-        block=expand(RES_BLOCK_RECORD, size=RES_BLOCK["size"], num_heads=RES_HEADS,
-                     batch_size=RES_BLOCK["batch_size"],
-                     context_length=RES_BLOCK["context_lengths"],
-                     variant=RES_BLOCK["variants"], precision=RES["precision"]),
-        code=sources("cs336_systems.sections.residuals.report"),
+        **tables_inputs(
+            "cs336_systems.sections.residuals.report",
+            rmsnorm=expand(RES_RMSNORM_RECORD, variant=VARIANTS, precision=RES["precision"],
+                           **RES_RMSNORM),
+            block=expand(RES_BLOCK_RECORD, size=RES_BLOCK["size"], num_heads=RES_HEADS,
+                         batch_size=RES_BLOCK["batch_size"],
+                         context_length=RES_BLOCK["context_lengths"],
+                         variant=RES_BLOCK["variants"], precision=RES["precision"]),
+        ),
     output:
         facts=facts("residuals"),
         table=report(table("residuals"), caption=caption("residuals"),

@@ -66,9 +66,11 @@ rule optimizer_step:
 
 rule training_tables:
     input:
-        training=expand(TRAIN_RECORD, size=TRAIN["sizes"], run=TRAIN["runs"]),
-        optimizer=expand(OPTIMIZER_RECORD, size=TRAIN["optimizer_step"]["sizes"]),
-        code=sources("cs336_systems.sections.training.report"),
+        **tables_inputs(
+            "cs336_systems.sections.training.report",
+            training=expand(TRAIN_RECORD, size=TRAIN["sizes"], run=TRAIN["runs"]),
+            optimizer=expand(OPTIMIZER_RECORD, size=TRAIN["optimizer_step"]["sizes"]),
+        ),
     output:
         facts=facts("training"),
         training_table=report(table("training_step"), caption=caption("training_step"),

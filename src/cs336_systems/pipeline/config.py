@@ -20,6 +20,7 @@ import jsonschema
 import yaml
 
 from cs336_systems.lm.model import context_length_problem
+from cs336_systems.schema import validator
 
 AUTO = "auto"
 
@@ -80,12 +81,12 @@ def merged_presets(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def validate(config: dict[str, Any], schema_path: str | Path) -> None:
     """Raise ConfigError listing every schema violation and cross-key inconsistency."""
     schema = yaml.safe_load(Path(schema_path).read_text())
-    problems = _errors(jsonschema.Draft202012Validator(schema), config)
+    problems = _errors(validator(schema), config)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
     preset_schema = {**schema["$defs"]["preset"], "$defs": schema["$defs"]}
-    delta_validator = jsonschema.Draft202012Validator(_without_required(preset_schema))
-    full_validator = jsonschema.Draft202012Validator(preset_schema)
+    delta_validator = validator(_without_required(preset_schema))
+    full_validator = validator(preset_schema)
     for name, delta in config["presets"].items():
         problems += _errors(delta_validator, delta or {}, f"presets.{name}")
     if not problems:

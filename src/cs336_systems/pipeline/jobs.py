@@ -31,6 +31,8 @@ from pathlib import Path
 from cs336_systems.measure import job_clock
 
 ENTRIES = ("experiment", "section_tables", "section_markdown", "writeup", "archive")
+# The inputs of a tables rule that are not records (workflow/rules/common.smk: tables_inputs).
+TABLES_SUPPORT = ("code", "folders", "neighbours", "schemas")
 
 
 class Files(list):
@@ -105,12 +107,15 @@ class Job:
 def run(job: Job) -> int:
     """Run `job` on GPUs of its own (`pipeline.gpus`, where it asks for some) through the job
     server, or here when there is none; its exit status."""
-    from cs336_systems.pipeline import gpus, jobserver
+    import signal
+
+    from cs336_systems.pipeline import gpus, jobserver, lifeline
 
     with gpus.placed(job.gpus):
         job_clock.mark("placed")
         status = jobserver.submit(job)
-        if status is None:
+        if status is None:  # no server: the job runs here, and ends with Snakemake
+            lifeline.watch(lambda: os.kill(os.getpid(), signal.SIGTERM))
             return run_here(job)
         return status
 
@@ -185,18 +190,22 @@ def experiment(job: Job) -> None:
 
 def section_tables(job: Job) -> None:
     """Run the report module of section `params.section` (`Section.report`) on the job's named
-    record inputs (everything but `code`) and write its facts to `output.facts`, with the job
-    times of its records (`report.job_times`) for the writeup's header."""
+    record inputs (all but TABLES_SUPPORT) and write its facts to `output.facts`, with the job
+    times of its records (`report.job_times`) for the writeup's header. Every record is first
+    checked against its kind's schema (`report.record_schemas`): a damaged one stops the job
+    with one line naming the file, what is wrong and the command that measures it again."""
+    from cs336_systems.records import DamagedRecord
     from cs336_systems.report.facts import write_facts
     from cs336_systems.report.job_times import record_times
+    from cs336_systems.report.record_schemas import check_record_files
     from cs336_systems.sections import Section
 
-    from cs336_systems.pipeline.records import DamagedRecord
-
-    inputs = {k: v for k, v in _named(job.input).items() if k != "code"}
+    inputs = {k: v for k, v in _named(job.input).items() if k not in TABLES_SUPPORT}
     outputs = {k: v[0] for k, v in _named(job.output).items() if k != "facts"}
     try:
         with log_to(job.log[0]):
+            check_record_files(p for paths in inputs.values() for p in paths
+                               if p.endswith(".json"))
             facts = Section(job.params.section).report().build(inputs, dict(job.params.options),
                                                                outputs)
             facts["job_times"] = record_times(p for paths in inputs.values() for p in paths)
@@ -224,10 +233,14 @@ def writeup(job: Job) -> None:
 
 
 def archive(job: Job) -> None:
-    from cs336_systems.pipeline.archive import write_archive
+    from cs336_systems.pipeline.archive import MissingRecords, write_archive
 
-    with log_to(job.log[0]):
-        names = write_archive(job.params.results_dir, job.input.writeup, job.output[0],
-                              job.params.preset, dict(job.params.preset_config),
-                              heavy=job.params.heavy)
-        print(f"{len(names)} files -> {job.output[0]}")
+    try:
+        with log_to(job.log[0]):
+            names = write_archive(job.params.results_dir, job.input.writeup, job.output[0],
+                                  job.params.preset, dict(job.params.preset_config),
+                                  heavy=job.params.heavy, records=list(job.params.records))
+            print(f"{len(names)} files -> {job.output[0]}")
+    except MissingRecords as missing:  # on the console: which, and the command
+        print(missing, file=sys.stderr)
+        raise SystemExit(1) from None

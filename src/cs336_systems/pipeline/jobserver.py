@@ -15,8 +15,13 @@ The client (the job's own process, which never imports torch) sends the job, its
 folder, environment and job-clock marks, and its stdout and stderr as file descriptors; the
 child answers with its pid, runs `jobs.run_here(job)` and answers with its exit status. A
 signal the client gets (Snakemake cancelling the job) goes on to the child's process group; if
+Snakemake is killed outright, the client sees it go (`pipeline.lifeline`) and ends the child; if
 the client dies, the child sees its connection close and ends too. Set CS336_JOBSERVER=0 to run
 every job in its own fresh interpreter instead.
+
+A server's socket, lock and log lie in this user's runtime folder (`runtime_dir`: under
+$XDG_RUNTIME_DIR, else a private folder in the temp folder), and a server removes all three
+when it exits idle; a server that fails to start leaves its log for the client to name.
 
     python -m cs336_systems.pipeline.jobserver --socket PATH [--idle-s 30]   (started by submit)
 """
@@ -24,6 +29,7 @@ every job in its own fresh interpreter instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import importlib
@@ -31,6 +37,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -42,7 +49,7 @@ from pathlib import Path
 
 from cs336_systems.measure import job_clock
 from cs336_systems.paths import PACKAGE_DIR, SRC_ROOT
-from cs336_systems.pipeline import gpus
+from cs336_systems.pipeline import gpus, lifeline
 
 IDLE_S = 30.0                 # a server with no job for this long exits
 START_TIMEOUT_S = 180.0       # how long a client waits for a new server to listen
@@ -75,8 +82,54 @@ def server_key() -> str:
     return digest.hexdigest()[:20]
 
 
-def socket_path(key: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"cs336-jobs-{os.getuid()}-{key}.sock"
+def runtime_dir() -> Path | None:
+    """This user's folder for job servers' sockets, locks and logs: $XDG_RUNTIME_DIR/cs336-jobs
+    where that is set, else <temp>/cs336-jobs-<uid>, private to the user; None where such a
+    folder cannot be had (another user owns the name), and then no server is used."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if base and os.path.isdir(base) and os.access(base, os.W_OK):
+        folder = Path(base) / "cs336-jobs"
+    else:
+        folder = Path(tempfile.gettempdir()) / f"cs336-jobs-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        info = folder.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        return None
+    return folder
+
+
+def socket_path(key: str, folder: Path) -> Path:
+    return folder / f"{key}.sock"
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path):
+    """Hold the lock file at `lock_path` (made if missing). A lock file that a server removed
+    while this process waited for it is not the lock any more: take the new one."""
+    while True:
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                current = os.stat(lock_path).st_ino == os.fstat(lock.fileno()).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                yield
+                return
+
+
+def _remove_traces(path: Path) -> None:
+    """A server that exits idle removes its lock and log (its socket is gone already), under
+    the lock, so that no client is starting a server through them meanwhile."""
+    lock_path = Path(f"{path}.lock")
+    if not lock_path.exists():
+        return
+    with _locked(lock_path):
+        Path(f"{path}.log").unlink(missing_ok=True)
+        lock_path.unlink(missing_ok=True)
 
 
 # --- frames: a 4-byte length, then JSON -------------------------------------------------------
@@ -119,9 +172,9 @@ def _receive(conn: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[
 def submit(job) -> int | None:
     """Run `job` (a `jobs.Job`) in a child of this environment's server, starting the server
     if there is none; the child's exit status, or None when no server can be had."""
-    if not enabled():
+    if not enabled() or (folder := runtime_dir()) is None:
         return None
-    path = socket_path(server_key())
+    path = socket_path(server_key(), folder)
     conn = _connect(path) or _start_and_connect(path)
     if conn is None:
         return None
@@ -133,6 +186,7 @@ def submit(job) -> int | None:
             print(f"job server at {path}: the child ended before it began", file=sys.stderr)
             return 1
         child = hello["pid"]
+        lifeline.watch(lambda: _end_orphaned_job(child))
         forward = lambda signum, _frame: _kill_group(child, signum)  # noqa: E731
         previous = {s: signal.signal(s, forward)
                     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -146,6 +200,14 @@ def submit(job) -> int | None:
               "crashed)", file=sys.stderr)
         return 1
     return result["status"]
+
+
+def _end_orphaned_job(child: int) -> None:
+    """Snakemake is gone: end the job's process group, and this client with it."""
+    print("job server client: Snakemake has exited; ending the job", file=sys.stderr,
+          flush=True)
+    _kill_group(child, signal.SIGTERM)
+    os._exit(1)
 
 
 def _kill_group(pid: int, signum: int) -> None:
@@ -167,8 +229,7 @@ def _connect(path: Path) -> socket.socket | None:
 
 def _start_and_connect(path: Path) -> socket.socket | None:
     """Start a server for `path` (one at a time, under a lock) and connect to it."""
-    with open(f"{path}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _locked(Path(f"{path}.lock")):
         conn = _connect(path)  # another job may have started it meanwhile
         if conn is not None:
             return conn
@@ -229,10 +290,12 @@ def serve(path: Path, idle_s: float) -> None:
     listener.settimeout(0.5)
     children: set[int] = set()
     last = time.time()
+    idle = False
     try:
         while True:
             children -= {pid for pid in list(children) if _reaped(pid)}
             if not children and time.time() - last > idle_s:
+                idle = True
                 break
             try:
                 conn, _ = listener.accept()
@@ -257,6 +320,8 @@ def serve(path: Path, idle_s: float) -> None:
         path.unlink(missing_ok=True)
     print(f"{time.strftime('%H:%M:%S')} job server {os.getpid()}: idle for {idle_s:g} s, "
           "exiting", flush=True)
+    if idle:
+        _remove_traces(path)
 
 
 def _reaped(pid: int) -> bool:

@@ -5,6 +5,8 @@ A section is one folder here, one rules file and one config block:
     sections/<name>/__init__.py    what the section answers, and its jobs
     sections/<name>/<job>.py       its CLIs: argument parsing and `run_and_record`, nothing else
     sections/<name>/report.py      build(records, options, outputs) -> facts (`SectionReport`)
+    sections/<name>/records.yaml   what each kind of record its jobs write holds, with types
+                                   (checked when a table reads it: `report.record_schemas`)
     sections/<name>/template.md.j2 facts -> the section's prose and tables
     sections/<name>/captions/*.rst its tables' and figures' captions in `snakemake --report`
     workflow/rules/<name>.smk      its jobs and its `<name>_tables` rule
@@ -73,6 +75,10 @@ class Section:
     @property
     def template(self) -> Path:
         return self.folder / "template.md.j2"
+
+    @property
+    def records_schema(self) -> Path:
+        return self.folder / "records.yaml"
 
     @property
     def captions(self) -> Path:
