@@ -9,7 +9,12 @@ from pathlib import Path
 # workflow/scripts/job.py), so the sources a rule lists are the code its jobs run.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from cs336_systems.pipeline.config import ConfigError, resolve_preset, validate
+from cs336_systems.pipeline.config import (
+    ConfigError,
+    resolve_preset,
+    validate,
+    with_typed_overrides,
+)
 from cs336_systems.records import unwritable
 from cs336_systems.sections import SECTIONS
 
@@ -18,6 +23,8 @@ configfile: "config.yaml"
 
 
 try:
+    # `--config` values come in as text where they are nested: typed as config.yaml would be
+    with_typed_overrides(config, getattr(workflow.config_settings, "overwrite_config", None))
     validate(config, Path(workflow.basedir) / "workflow/schemas/config.schema.yaml")
     PRESET, P = resolve_preset(config)
 except ConfigError as error:

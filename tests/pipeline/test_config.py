@@ -123,3 +123,16 @@ def test_an_integer_key_refuses_a_float(config):
     assert "config key 'defaults.benchmark.batch_size': 2.0 is not of type 'integer'" in message
     config["defaults"]["benchmark"]["batch_size"] = 2
     validate(config, SCHEMA)
+
+
+def test_command_line_values_are_typed_before_they_are_validated(config):
+    """Snakemake reads a nested `--config` with YAML's base loader: every leaf text."""
+    from cs336_systems.pipeline.config import typed, with_typed_overrides
+
+    assert typed({"a": {"b": "0", "c": "fast", "d": ["1.5", "true", "null"]}}) == {
+        "a": {"b": 0, "c": "fast", "d": [1.5, True, None]}}
+    overrides = {"defaults": {"benchmark": {"batch_size": "0"}}}
+    with_typed_overrides(config, overrides)
+    assert config["defaults"]["benchmark"]["batch_size"] == 0
+    assert config["defaults"]["benchmark"]["sizes"]  # the rest of the block stays
+    assert "'defaults.benchmark.batch_size': 0 is less than the minimum of 1" in _error(config)

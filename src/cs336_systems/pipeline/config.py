@@ -61,6 +61,29 @@ def _without_required(schema: Any) -> Any:
     return schema
 
 
+def typed(value: Any) -> Any:
+    """A `--config` value with its strings typed as config.yaml would type them: Snakemake reads
+    `--config 'defaults={benchmark: {batch_size: 0}}'` with YAML's base loader, every leaf a
+    string, so that a number given on the command line would reach the schema as text."""
+    if isinstance(value, dict):
+        return {k: typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [typed(v) for v in value]
+    if isinstance(value, str):
+        loaded = yaml.safe_load(value) if value.strip() else value
+        return loaded if isinstance(loaded, (int, float, bool)) or loaded is None else value
+    return value
+
+
+def with_typed_overrides(config: dict[str, Any], overrides: dict[str, Any] | None) -> None:
+    """Lay the `--config` `overrides`, typed, over `config` in place (Snakemake has merged them
+    already, untyped)."""
+    if overrides:
+        merged = deep_merge(config, typed(overrides))
+        config.clear()
+        config.update(merged)
+
+
 def deep_merge(base: dict, delta: dict) -> dict:
     """`base` with `delta` laid over it: mappings merge recursively, other values replace."""
     merged = copy.deepcopy(base)
