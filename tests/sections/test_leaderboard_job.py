@@ -10,7 +10,7 @@ import torch
 
 from cs336_systems.sections.leaderboard import time_leaderboard
 
-TINY = ["--shape", "tiny", "--context-length", "16", "--check-tokens", "8",
+TINY = ["--shape", "tiny-8b", "--context-length", "16", "--check-tokens", "8",
         "--precision", "fp32", "--warmup-steps", "1", "--measure-steps", "5", "--device", "cpu"]
 
 
@@ -48,21 +48,21 @@ def test_two_ranks_shard_train_and_check_with_gloo(tmp_path):
     assert metrics["check_loss_abs_diff"] < 1e-5
     # two sequences, one per rank: twice the FLOPs of one
     one = time_leaderboard.train_step_flops(
-        time_leaderboard.LEADERBOARD_SHAPES["tiny"], 1, 16)
+        time_leaderboard.LEADERBOARD_SHAPES["tiny-8b"], 1, 16)
     assert metrics["model_flops"] == 2 * one
 
 
 def test_bad_arguments_fail_with_a_usage_message(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        time_leaderboard.main(["--variant", "ours", "--shape", "tiny", "--context-length",
+        time_leaderboard.main(["--variant", "ours", "--shape", "tiny-8b", "--context-length",
                                "4096", "--output", str(tmp_path / "r.json")])
-    assert "exceeds shape 'tiny'" in capsys.readouterr().err
+    assert "exceeds shape 'tiny-8b'" in capsys.readouterr().err
 
 
 def test_an_optimizer_stepping_in_backward_gets_a_group_per_layer_and_its_prefetch(tmp_path):
     from cs336_systems.lm.offloaded_adamw import OffloadedAdamW
     from cs336_systems.sections.leaderboard.runs import VARIANTS
-    config = {"shape": "tiny", "context_length": 16, "layers": None, "seed": 0,
+    config = {"shape": "tiny-8b", "context_length": 16, "layers": None, "seed": 0,
               "precision": "fp32"}
     model, lm_loss = time_leaderboard.build(VARIANTS["plain"], config, torch.device("cpu"), 1)
     optimizer = time_leaderboard.build_step_optimizer("adamw-offloaded", model, lm_loss)
