@@ -39,11 +39,10 @@ from cs336_systems.measure.saved_tensors import (
 from cs336_systems.pipeline.records import make_record
 from cs336_systems.records import write_json_atomic
 from cs336_systems.report.facts import jsonable
-from cs336_systems.report.render import render
-from cs336_systems.sections import Section
 from cs336_systems.sections.residuals import count_saved as experiment
 from cs336_systems.sections.residuals import report as section
 from support.checkout import ROOT
+from support.sections import section_text
 
 DEFAULTS = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]
 MIB = 2**20
@@ -404,7 +403,7 @@ def _build(rmsnorm, block, tmp_path):
                                     "block": [str(p) for p in block]},
                                    {"assignment": DEFAULTS["residuals"]}, outputs))
     json.dumps(facts, allow_nan=False)
-    return facts, render(Section("residuals").template, facts, link_base=tmp_path)
+    return facts, section_text("residuals", facts, link_base=tmp_path)
 
 
 def test_the_report_on_cpu_records(cpu_records, tmp_path):
@@ -456,7 +455,7 @@ def test_the_report_sets_a_compiled_block_beside_the_handout(tmp_path):
     assert "3651 MiB" in text and f"{ours / MIB:.1f} MiB" in text
     assert "The hooks saw every tensor the compiled modules saved (2 run(s))" in " ".join(
         text.split())
-    assert "Not measured: block 2.7b, 32 heads, context 128, compiled: skipped" in text
+    assert "Not measured: block xl, 32 heads, context 128, compiled: skipped" in text
     allocator = facts["allocator"]
     assert len(allocator["rows"]) == 4
     agree = [abs(r["held_mib"] - r["saved_mib"]) <= 0.2 * r["saved_mib"] for r in allocator["rows"]]

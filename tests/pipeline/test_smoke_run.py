@@ -28,77 +28,90 @@ def smoke_run(tmp_path_factory) -> Path:
     return workdir
 
 
+def _read(workdir: Path) -> tuple[str, str, str]:
+    """The writeup, its companion pages one after the other, and the run's page."""
+    report = workdir / "report"
+    details = "\n\n".join(p.read_text() for p in sorted((report / "details").glob("*.md"))
+                          if p.name != "run.md")
+    return ((report / "writeup.md").read_text(), details,
+            (report / "details" / "run.md").read_text())
+
+
 def test_writeup_holds_the_benchmark_table_with_measured_numbers(smoke_run):
-    text = (smoke_run / "report/writeup.md").read_text()
-    assert "| preset | smoke |" in text and "| device | cpu |" in text
+    writeup, details, run = _read(smoke_run)
+    assert "| preset | smoke |" in run and "| device | cpu |" in run
     # where the run's time went: every measuring job of the run, by section
-    total = re.search(r"^\| all \| (\d+) \| [\d.]+ \| [\d.]+ \| \d+ \|$", text, re.M)
+    total = re.search(r"^\| all \| (\d+) \| [\d.]+ \| [\d.]+ \| \d+ \|$", run, re.M)
     records = [p for p in (smoke_run / "results/smoke").rglob("*.json")
                if "sections" not in p.parts and "status" in json.loads(p.read_text())]
     assert total and int(total.group(1)) == len(records)
-    assert "code commit of the measurements | test-copy" in text
-    section = text[text.index("## 1.1 "):text.index("## 3 ")]
-    rows = [line for line in section.splitlines() if line.startswith("| tiny ")]
-    train_rows = [r for r in rows if "| train-step " in r and "| ok " in r]
+    assert "code commit of the measurements | test-copy" in run
+    # the answer's table: the training step by size, each phase mean ± std
+    answer = writeup[writeup.index("## 1.1 "):writeup.index("## 1.2 ")]
+    row = next(line for line in answer.splitlines() if line.startswith("| tiny "))
+    times = [c for c in row.strip("|").split("|") if "±" in c]
+    assert len(times) == 4, row  # forward, backward, optimizer, step
+    # every configuration on the companion page
+    section = details[details.index("## 1.1 "):details.index("## 1.2 ")]
+    train_rows = [r for r in section.splitlines()
+                  if r.startswith("| tiny ") and "| train-step " in r and "| ok " in r]
     assert len(train_rows) >= 4  # 2 contexts x 2 precisions
     for row in train_rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        times = [c for c in cells if "±" in c]
-        assert len(times) == 4, row  # forward, backward, optimizer, step
-        for cell in times:
+        for cell in (c for c in cells if "±" in c):
             mean, std = (float(x) for x in cell.split("±"))
             assert mean > 0 and std >= 0
-    flat = " ".join(text.split())
+    flat = " ".join((writeup + details).split())
     assert re.search(r"backward pass takes [\d.]+x to [\d.]+x the time of the forward pass", flat)
-    flash_rows = [line for line in text.splitlines() if re.match(r"^\| 16 +\| fp32 ", line)]
+    flash_rows = [line for line in writeup.splitlines() if re.match(r"^\| 16 +\| fp32 ", line)]
     assert len(flash_rows) == 2 and all(re.search(r"\d+\.\d{3} / \d+\.\d{3}", r)
                                         for r in flash_rows)
     assert "Speed-up of Triton FA2 over plain PyTorch" in flat
-    ddp_rows = [line for line in text.splitlines()
+    ddp_rows = [line for line in writeup.splitlines()
                 if re.match(r"^\| tiny +\| (naive|flat|overlap|bucketed [\d.]+ MiB|torch) +\| ok ",
                             line)]
     assert len(ddp_rows) == 6, ddp_rows
-    assert re.search(r"^\| nccl +\| 2 +\| 1 +\| skipped ", text, re.M)
-    fsdp_rows = re.findall(r"^\| (fsdp|fsdp2|bucketed 1 MB) +\| ok +\|", text, re.M)
+    assert re.search(r"^\| nccl +\| 2 +\| 1 +\| skipped ", writeup, re.M)
+    fsdp_rows = re.findall(r"^\| (fsdp|fsdp2|bucketed 1 MB) +\| ok +\|", writeup, re.M)
     assert fsdp_rows == ["fsdp", "fsdp2", "bucketed 1 MB"]
-    assert "(c) C / W_ici = 2556 FLOPs per byte" in text
-    for figure in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
-        assert (smoke_run / "report" / figure).resolve().is_file(), figure
+    assert "C / W_ici = 2556 FLOPs a byte" in flat
+    for page, text in (("report", writeup), ("report/details", details)):
+        for figure in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
+            assert (smoke_run / page / figure).resolve().is_file(), figure
 
 
-def test_writeup_opens_with_every_problem_and_its_status(smoke_run):
+def test_writeup_opens_with_every_problem_and_its_answer(smoke_run):
     from cs336_systems.report.coverage import PROBLEMS
 
-    text = (smoke_run / "report/writeup.md").read_text()
-    table = text[text.index("## What this run answers"):]
+    text, _, _ = _read(smoke_run)
+    table = text[text.index("## Results at a glance"):]
     table = table[:table.index("\n## ")]
     rows = [line for line in table.splitlines() if line.startswith("| [`") or line.startswith("| `")]
     assert len(rows) == len(PROBLEMS)
     for problem, row in zip(PROBLEMS, rows):
-        assert f"`{problem.name}`" in row and f"| {problem.edition} |" in row, row
+        assert f"`{problem.name}`" in row, row
         link = re.match(r"\| \[`[^`]+`\]\(#([^)]+)\)", row)
         if link:  # an answered problem links to an anchor that exists
             assert f'<a id="{link.group(1)}"></a>' in text, row
         else:
-            assert "| skipped |" in row or "| not implemented yet |" in row, row
-    assert "| `memory_profiling` | 1.5 | both | skipped | memory history needs CUDA" in text
-    assert re.search(r"\| \[`fsdp_accounting`\]\(#fsdp_accounting\) \| 6.2 \| 2026 "
-                     r"\| partly answered \| this preset runs size tiny \(the assignment's "
-                     r"2.7b\).*; no gather timing", text)
-    assert "| [`fsdp`](#fsdp) | 6.2 | 2026 | partly answered |" in text
-    assert re.search(r"\| \[`nsys_profile`\]\(#nsys_profile\) \| 1.2 \| both "
-                     r"\| partly answered \| not in this preset: sizes small, 2.7b", text)
-    assert re.search(r"\| \[`benchmarking_script`\]\(#benchmarking_script\) \| 1.1 \| both "
-                     r"\| partly answered \| not in this preset: sizes small, ", text)
+            assert "| _skipped_" in row or "| _not implemented yet_" in row, row
+    assert "| `memory_profiling` | 1.5 | _skipped_: memory history needs CUDA" in text
+    assert re.search(r"\| \[`fsdp_accounting`\]\(#fsdp_accounting\) \| 6.2 \(2026\) "
+                     r"\|.*_Partly: this preset runs size tiny \(the assignment's 2.7b\)", text)
+    assert re.search(r"\| \[`nsys_profile`\]\(#nsys_profile\) \| 1.2 "
+                     r"\|.*_Partly: not in this preset: sizes small, 2.7b", text)
+    assert re.search(r"\| \[`benchmarking_script`\]\(#benchmarking_script\) \| 1.1 "
+                     r"\| A fp32 training step at context 32 takes [\d.]+ ms \(tiny\)", text)
 
 
 def test_writeup_holds_every_mixed_precision_table(smoke_run):
-    text = (smoke_run / "report/writeup.md").read_text()
-    section = text[text.index("## 1.3–1.4 Mixed precision"):]
-    section = section[:section.index("\n## ")]
+    writeup, details, _ = _read(smoke_run)
+    section = details[details.index("## 1.3–1.4 Mixed precision"):]
+    section = section[:section.index("\n# ")] if "\n# " in section else section
     loops = [line for line in section.splitlines() if re.match(r"^\| fp(16|32) \+= ", line)]
     assert len(loops) == 4 and "| fp16 += fp16              | 9.953125 " in section
-    assert re.search(r"^\| LayerNorm output +\| \w+ +\| \w+ +\|$", section, re.M)  # fp16, bf16
+    answer = writeup[writeup.index("## 1.3–1.4 Mixed precision"):]
+    assert re.search(r"^\| LayerNorm output +\| \w+ +\| \w+ +\|$", answer, re.M)  # fp16, bf16
     layernorm = [line for line in section.splitlines()
                  if re.match(r"^\| (fp16|bf16|fp32) +\| (one|two)-pass|^\| \w+ +\| F.layer_norm",
                              line)]
@@ -107,7 +120,7 @@ def test_writeup_holds_every_mixed_precision_table(smoke_run):
     assert len(speedups) == 6  # 2 contexts x 3 modes
     assert "These timings are from a CPU" in " ".join(section.split())
     assert re.search(r"\| \[`mixed_precision_accumulation`\]\(#mixed_precision_accumulation\) "
-                     r"\| 1.3 \| both \| answered \|", text)
+                     r"\| 1.3 \| `fp32 \+= fp32` is off by", writeup)
 
 
 def test_no_smoke_record_is_an_error(smoke_run):
@@ -164,6 +177,8 @@ def _edited(path: Path):
 def test_editing_a_template_redoes_its_section_and_the_writeup_only(smoke_run):
     with _edited(smoke_run / "src/cs336_systems/sections/benchmark/template.md.j2"):
         assert stale_jobs(smoke_run) == {"section_markdown": 1, "writeup": 1}
+    with _edited(smoke_run / "src/cs336_systems/sections/benchmark/details.md.j2"):
+        assert stale_jobs(smoke_run) == {"section_details": 1, "writeup": 1}
     with _edited(smoke_run / "src/cs336_systems/report/templates/writeup.md.j2"):
         assert stale_jobs(smoke_run) == {"writeup": 1}
     assert stale_rules(smoke_run) == set()  # content restored: nothing to redo
@@ -182,7 +197,8 @@ def test_editing_the_model_redoes_the_benchmarks(smoke_run):
                                           "distributed_tables", "mixed_precision_tables",
                                           "parallelism_tables", "training", "optimizer_step",
                                           "training_tables", "leaderboard",
-                                          "leaderboard_tables", "section_markdown", "writeup"}
+                                          "leaderboard_tables", "section_markdown",
+                                          "section_details", "writeup"}
 
 
 def _smoke_preset(workdir: Path) -> dict:
@@ -209,7 +225,8 @@ def test_editing_the_triton_kernel_redoes_only_the_triton_flash_jobs(smoke_run):
                                          "flash_kernels": len(config["kernels"]["shapes"]),
                                          "flash_tables": 1, "attention_tables": 1,
                                          "leaderboard": board, "leaderboard_tables": 1,
-                                         "section_markdown": 3, "writeup": 1}
+                                         "section_markdown": 3, "section_details": 3,
+                                         "writeup": 1}
 
 
 def test_editing_ddp_redoes_the_data_parallel_jobs_only(smoke_run):
@@ -221,13 +238,14 @@ def test_editing_ddp_redoes_the_data_parallel_jobs_only(smoke_run):
     with _edited(smoke_run / "src/cs336_systems/distributed/ddp.py"):
         assert stale_jobs(smoke_run) == {"ddp": jobs, "ddp_check": 1, "distributed_tables": 1,
                                          "fsdp": len(preset["fsdp"]["variants"]),
-                                         "fsdp_tables": 1, "section_markdown": 2, "writeup": 1}
+                                         "fsdp_tables": 1, "section_markdown": 2,
+                                         "section_details": 2, "writeup": 1}
 
 
 def test_editing_the_report_code_does_not_remeasure(smoke_run):
     with _edited(smoke_run / "src/cs336_systems/sections/benchmark/report.py"):
         assert stale_jobs(smoke_run) == {"benchmark_tables": 1, "section_markdown": 1,
-                                         "writeup": 1}
+                                         "section_details": 1, "writeup": 1}
 
 
 def test_a_changed_preset_value_redoes_exactly_its_jobs(smoke_run, tmp_path):
@@ -316,7 +334,8 @@ def test_an_archive_rerenders_to_the_same_writeup_without_measuring(smoke_run, s
     assert f"writeup: {into / 'report/writeup.md'} (the same as the archived one)" in run.stdout
     ran = set(re.findall(r"^(?:local)?rule (\w+):", run.stdout + run.stderr, re.M))
     # every report rule, and nothing that measures
-    assert ran == {f"{section}_tables" for section in SECTIONS} | {"section_markdown", "writeup"}
+    assert ran == {f"{section}_tables" for section in SECTIONS} | {"section_markdown",
+                                                                    "section_details", "writeup"}
     assert list(elsewhere.iterdir()) == []
     assert {**_tree(smoke_run / "results"), **_tree(smoke_run / "report")} == checkout_before
 

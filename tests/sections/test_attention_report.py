@@ -7,14 +7,13 @@ import statistics
 import numpy as np
 import pytest
 import yaml
-from support.checkout import ROOT
 
 from cs336_systems.analysis.attention_memory import eager_attention_bytes
 from cs336_systems.report.facts import jsonable
-from cs336_systems.report.render import render
-from cs336_systems.sections import Section
 from cs336_systems.sections.attention import report as attention
 from cs336_systems.sections.flash import report as flash
+from support.checkout import ROOT
+from support.sections import section_text
 
 QUICK = ROOT / "docs/reference-run/results/quick"
 DEFAULTS = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]
@@ -144,7 +143,7 @@ def test_flash_memory_comes_from_the_flash_records(facts):
 def test_coverage_and_rendering(facts, tmp_path):
     assert facts["coverage"]["pytorch_attention"]["status"] == "answered"  # an oom is a result
     assert facts["coverage"]["torch_compile"]["note"].startswith("whole model: sizes medium")
-    text = " ".join(render(Section("attention").template, facts, link_base=tmp_path).split())
+    text = " ".join(section_text("attention", facts, link_base=tmp_path).split())
     assert "The smallest configuration that ran out of memory is d 16, seq 16384" in text
     assert '<a id="pytorch_attention"></a>' in text and '<a id="torch_compile"></a>' in text
 
@@ -153,7 +152,7 @@ def test_no_compile_time_is_given_as_negative(facts, tmp_path):
     """A first compiled call that cost less than the eager one is no negative compilation:
     the shapes where that happened are counted and left out of the estimate's range."""
     compile_ms = facts["compile"]["compile_ms"]
-    text = " ".join(render(Section("attention").template, facts, link_base=tmp_path).split())
+    text = " ".join(section_text("attention", facts, link_base=tmp_path).split())
     if compile_ms["negative"]:
         assert compile_ms["min"] < 0
         assert (f"At {compile_ms['negative']} of {compile_ms['shapes']} shapes the difference "
@@ -166,10 +165,10 @@ def test_no_compile_time_is_given_as_negative(facts, tmp_path):
 def test_a_negative_difference_is_counted(facts, tmp_path):
     changed = copy.deepcopy(facts)
     changed["compile"]["compile_ms"].update(min=-1500.0, negative=3, shapes=20)
-    text = " ".join(render(Section("attention").template, changed, link_base=tmp_path).split())
+    text = " ".join(section_text("attention", changed, link_base=tmp_path).split())
     assert "At 3 of 20 shapes the difference came out below zero (down to -1500 ms)" in text
     changed["compile"]["compile_ms"].update(min=200.0, negative=0)
-    text = " ".join(render(Section("attention").template, changed, link_base=tmp_path).split())
+    text = " ".join(section_text("attention", changed, link_base=tmp_path).split())
     assert "below zero" not in text and "(200 to" in text
 
 
@@ -185,7 +184,7 @@ def test_the_answers_open_the_section_with_the_records_numbers(facts, tmp_path):
             if record["status"] == "ok":
                 ok.append((record["metrics"]["forward_ms_mean"], d, seq))
     fastest, slowest = min(ok), max(ok)
-    text = " ".join(render(Section("attention").template, facts, link_base=tmp_path).split())
+    text = " ".join(section_text("attention", facts, link_base=tmp_path).split())
     answers = text[text.index("**Answers.**"):text.index("Attention alone, softmax")]
     assert (f"a forward takes {fastest[0]:.3f} ms (d {fastest[1]}, seq {fastest[2]}) to "
             f"{slowest[0]:.1f} ms (d {slowest[1]}, seq {slowest[2]})") in answers

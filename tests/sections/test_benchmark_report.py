@@ -7,12 +7,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from support.checkout import ROOT
 
 from cs336_systems.report.facts import jsonable
-from cs336_systems.report.render import render
-from cs336_systems.sections import Section
 from cs336_systems.sections.benchmark import report as benchmark
+from support.checkout import ROOT
+from support.sections import section_text
 
 OPTIONS = {"main_warmup_steps": 5,
            "assignment": yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["benchmark"]}
@@ -42,7 +41,7 @@ def test_outputs_exist_and_facts_are_json(facts):
     assert built["env"]["gpu"] == ["NVIDIA H200"]
     coverage = built["coverage"]["benchmarking_script"]
     assert coverage["status"] == "partly answered"  # quick: two sizes, two contexts
-    assert coverage["note"] == "not in this preset: sizes medium, large, xl; contexts 256, 1024"
+    assert coverage["note"] == "not in this preset: sizes medium, large, xl-2025, 10B; contexts 256, 1024"
 
 
 def test_scaling_compares_the_smallest_and_largest_size(facts):
@@ -105,7 +104,7 @@ def test_bf16_against_fp32_is_left_to_the_mixed_precision_section(facts):
 
 def test_the_template_renders_the_facts(facts, tmp_path):
     built, _ = facts
-    text = render(Section("benchmark").template, built, link_base=tmp_path)
+    text = section_text("benchmark", built, link_base=tmp_path)
     assert '<a id="benchmarking_script"></a>' in text
     assert '<a id="benchmarking_mixed_precision"></a>' not in text  # the new section's anchor
     assert "[1.4 (c)](#benchmarking_mixed_precision)" in " ".join(text.split())
@@ -127,7 +126,7 @@ def test_a_skipped_sweep_is_covered_as_skipped(tmp_path):
     assert built["coverage"]["benchmarking_script"] == {
         "status": "skipped", "anchor": "benchmarking_script",
         "note": "CUDA was requested but no CUDA device is available on this machine"}
-    render(Section("benchmark").template, built, link_base=tmp_path)  # renders with nothing measured
+    section_text("benchmark", built, link_base=tmp_path)  # renders with nothing measured
 
 
 def test_the_assignment_sweep_shows_a_step_summary_and_links_its_csv(tmp_path):
@@ -138,14 +137,14 @@ def test_the_assignment_sweep_shows_a_step_summary_and_links_its_csv(tmp_path):
                "warmup_figure": str(tmp_path / "b.png")}
     built = jsonable(benchmark.build({"records": [str(p) for p in records]}, OPTIONS, outputs))
     timing = built["timing"]
-    assert not timing["whole"] and timing["rows"] == 80
+    assert not timing["whole"] and timing["rows"] == 96
     lines = [line for line in timing["markdown"].splitlines() if line.startswith("| ")]
-    assert len(lines) == 1 + 5 * 2 * 2  # the header, then size x mode x precision
+    assert len(lines) == 1 + 6 * 2 * 2  # the header, then size x mode x precision
     metrics = json.loads((ROOT / "docs/reference-run/results/assignment/benchmark/"
                           "xl_ctx512_train-step_bf16_warmup5.json").read_text())["metrics"]
-    row = next(line for line in lines if line.startswith("| xl ") and "train-step" in line
+    row = next(line for line in lines if line.startswith("| xl-2025 ") and "train-step" in line
                and "bf16" in line)
     assert f"{metrics['step_ms_mean']:.1f}" in row.split("|")[6]  # the ctx-512 column
-    text = render(Section("benchmark").template, built, link_base=tmp_path)
-    assert "_The whole table has 80 rows; its data are in [benchmark.csv](benchmark.csv)._" \
+    text = section_text("benchmark", built, link_base=tmp_path)
+    assert "_The whole table has 96 rows; its data are in [benchmark.csv](benchmark.csv)._" \
         in " ".join(text.split())

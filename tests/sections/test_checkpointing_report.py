@@ -9,10 +9,9 @@ import yaml
 from cs336_systems.pipeline.records import make_record
 from cs336_systems.records import write_json_atomic
 from cs336_systems.report.facts import jsonable
-from cs336_systems.report.render import render
-from cs336_systems.sections import Section
 from cs336_systems.sections.checkpointing import report as section
 from support.checkout import ROOT
+from support.sections import section_text
 
 DEFAULTS = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["checkpointing"]
 SIMULATION = {"max_blocks": 16, "brute_force_max_blocks": 3, "activations": 1, "boundary": 1}
@@ -58,7 +57,7 @@ def _build(tmp_path, steps, nested=True):
                                    outputs))
     for name, path in outputs.items():
         assert Path(path).is_file(), name
-    return facts, render(Section("checkpointing").template, facts, link_base=tmp_path)
+    return facts, section_text("checkpointing", facts, link_base=tmp_path)
 
 
 @pytest.fixture(scope="module")

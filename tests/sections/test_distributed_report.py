@@ -18,10 +18,10 @@ from cs336_systems.pipeline.records import make_record
 from cs336_systems.records import write_json_atomic
 from cs336_systems.report.coverage import PROBLEM_KEYS
 from cs336_systems.report.facts import jsonable
-from cs336_systems.report.render import fmt_ratio, render
-from cs336_systems.sections import Section
+from cs336_systems.report.render import fmt_ratio
 from cs336_systems.sections.distributed.report import build, fit_latency_bandwidth
 from support.checkout import ROOT
+from support.sections import section_text
 
 REFERENCE = ROOT / "docs/reference-run/results/quick"
 # The assignment's matrix, as the distributed_tables rule passes it: the config's defaults.
@@ -73,7 +73,7 @@ def facts(built):
 @pytest.fixture(scope="module")
 def markdown(built):
     facts, _, folder = built
-    return render(Section("distributed").template, facts, link_base=folder)
+    return section_text("distributed", facts, link_base=folder)
 
 
 def ddp(name: str) -> dict:
@@ -266,7 +266,7 @@ def test_profiled_steps_and_busy_time_of_new_records(tmp_path):
     assert facts["ddp"]["collective_busy_missing"] == []
     assert all(v["profile_steps"] == 3 for v in facts["ddp"]["sizes"][0]["variants"])
     assert "n/a" not in facts["ddp"]["table"]
-    markdown = render(Section("distributed").template, facts, link_base=tmp_path)
+    markdown = section_text("distributed", facts, link_base=tmp_path)
     words = " ".join(markdown.split())
     assert "Rank 0's Chrome traces of the profiled steps (3 steps per run) are written" in words
     assert "have no such metric" not in words
@@ -287,7 +287,7 @@ def test_coverage_notes_follow_the_assignment_matrix_of_the_options(facts, tmp_p
     # the reference run is the assignment's DDP setup at 2025's xl only: 2026's is missing
     assert facts["coverage"]["naive_ddp_benchmarking"] == {
         "status": "partly answered", "anchor": "naive_ddp_benchmarking",
-        "note": "no 2.7b (the 2026 edition's xl) runs in this preset"}
+        "note": "no xl runs in this preset"}
     xl_only = {**ASSIGNMENT, "ddp": {**ASSIGNMENT["ddp"], "sizes": ["xl"]}}
     xl_facts, _ = _build(_records(REFERENCE), tmp_path / "xl", xl_only)
     assert xl_facts["coverage"]["naive_ddp_benchmarking"] == {
@@ -451,7 +451,7 @@ def test_all_skipped_records_give_skipped_coverage_and_a_section(tmp_path):
     assert statuses.pop("naive_ddp") == "partly answered"
     assert set(statuses.values()) == {"skipped"}, statuses
     assert "no CUDA device" in facts["coverage"]["naive_ddp_benchmarking"]["note"]
-    markdown = render(Section("distributed").template, facts, link_base=tmp_path)
+    markdown = section_text("distributed", facts, link_base=tmp_path)
     assert "No DDP variant ran." in markdown
     assert "Not measured: nccl x 2 at 1 MB (skipped: CUDA was requested" in markdown
 
@@ -510,16 +510,16 @@ def _new_records(root: Path) -> dict[str, list[str]]:
 def new(tmp_path_factory):
     root = tmp_path_factory.mktemp("new")
     facts, outputs = _build(_new_records(root / "records"), root / "out")
-    markdown = render(Section("distributed").template, facts, link_base=root / "out")
+    markdown = section_text("distributed", facts, link_base=root / "out")
     return facts, outputs, " ".join(markdown.split())
 
 
 def test_each_edition_s_xl_is_named_and_measured_apart(new):
     facts, _, words = new
     assert [d["size"] for d in facts["ddp"]["sizes"]] == ["xl", "2.7b"]
-    assert [d["name"] for d in facts["ddp"]["sizes"]] == [
-        "xl (the 2025 edition's xl)", "2.7b (the 2026 edition's xl)"]
-    assert "xl (the 2025 edition's xl), 2.7b (the 2026 edition's xl)" in words
+    # by the writeup's names: 2026's xl (our 2.7b) and the 2025 edition's xl
+    assert [d["name"] for d in facts["ddp"]["sizes"]] == ["xl-2025", "xl"]
+    assert "for each model size: xl-2025, xl." in words
     assert [o["size"] for o in facts["overhead"]["sizes"]] == ["xl", "2.7b"]
     assert facts["coverage"]["naive_ddp_benchmarking"]["status"] == "answered"
     assert "| 2.7b " in facts["ddp"]["table"]
@@ -566,7 +566,7 @@ def test_a_failed_ddp_check_says_so(tmp_path):
     facts, _ = _build(records, tmp_path / "out")
     assert facts["check"]["not_close"] == ["naive"]
     assert facts["coverage"]["naive_ddp"]["status"] == "partly answered"
-    words = " ".join(render(Section("distributed").template, facts, link_base=tmp_path).split())
+    words = " ".join(section_text("distributed", facts, link_base=tmp_path).split())
     assert "Not within tolerance: naive." in words
     assert "Does it train like one process? Not every variant." in words
     assert "Yes, within fp32 tolerance" not in words
@@ -587,7 +587,7 @@ def test_sharded_peaks_per_window_and_rank(new):
             in words)
     rows = [" ".join(line.split()) for line in f["memory_table"].splitlines()]
     assert "| replicated | 1 | 7.50 | 7.45 |" in " ".join(rows)
-    assert "of xl (the 2025 edition's xl) on 2 ranks" in words
+    assert "of xl-2025 on 2 ranks" in words
 
 
 def test_a_step_time_tie_is_said_to_be_one(tmp_path):
@@ -599,7 +599,7 @@ def test_a_step_time_tie_is_said_to_be_one(tmp_path):
         write_json_atomic(path, record)
     facts, _ = _build(records, tmp_path / "out")
     assert facts["sharded"]["step"]["speedup"]["within_spread"]
-    words = " ".join(render(Section("distributed").template, facts, link_base=tmp_path).split())
+    words = " ".join(section_text("distributed", facts, link_base=tmp_path).split())
     assert "a tie with the replicated one (" in words
     assert "inside the measured spread), so these steps do not tell the two apart" in words
 

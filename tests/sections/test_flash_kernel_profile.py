@@ -12,11 +12,10 @@ import yaml
 
 from cs336_systems.records import read_record
 from cs336_systems.report.facts import read_facts, write_facts
-from cs336_systems.report.render import render
-from cs336_systems.sections import Section
 from cs336_systems.sections.flash import kernel_profile, kernel_table
 from cs336_systems.sections.flash import report as flash
 from support.checkout import ROOT
+from support.sections import section_text
 
 UNIT_TFLOP = 0.55
 ASSIGNMENT = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["flash"]
@@ -90,7 +89,7 @@ def _facts(tmp_path: Path, records: list[str]) -> dict:
 
 
 def _prose(tmp_path: Path, facts: dict) -> str:
-    text = render(Section("flash").template, facts, link_base=tmp_path)
+    text = section_text("flash", facts, link_base=tmp_path)
     return " ".join(text[text.index('<a id="flash_kernels">'):].split())
 
 

@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from cs336_systems.report.facts import jsonable, read_facts, write_facts
-from cs336_systems.report.render import fmt, fmt_ratio, render
-from cs336_systems.sections import Section
+from cs336_systems.report.render import fmt, fmt_ratio
 from cs336_systems.sections.flash import report as flash
 from support.checkout import ROOT
+from support.sections import section_text
 
 REFERENCE = ROOT / "docs/reference-run/results/quick"
 # The assignment's matrix, as the flash_tables rule passes it: the config's defaults.
@@ -170,7 +170,7 @@ def test_tables_and_figures_are_written(reference):
 
 def test_template_renders_the_facts(reference):
     facts, tmp_path = reference
-    text = render(Section("flash").template, facts, link_base=tmp_path)
+    text = section_text("flash", facts, link_base=tmp_path)
     assert text.startswith("## 4 FlashAttention-2")
     for anchor in ("weighted_sum", "flash_forward", "flash_backward", "flash_benchmarking",
                    "leaderboard_2025"):
@@ -264,7 +264,7 @@ def test_skipped_and_oom_configurations(tmp_path):
     assert board_facts["not_ok"] == [{"attention": "flash-triton", "label": "Triton FA2",
                                       "status": "skipped", "reason": SKIP_REASON}]
 
-    text = render(Section("flash").template, facts, link_base=tmp_path)
+    text = section_text("flash", facts, link_base=tmp_path)
     assert f"1 of 7 configurations skipped:\n  {SKIP_REASON}." in text
     assert "wall-clock medians" in text and "do_bench` medians" not in text
     assert "Triton's interpreter" in text
@@ -314,7 +314,7 @@ def test_everything_skipped(tmp_path):
     assert facts["coverage"]["leaderboard (2025)"]["status"] == "skipped"
     assert facts["speedup_over"] == {"eager": None, "sdpa": None}
     assert facts["timed_cells"] == 0 and facts["overhead"]["count"] == 0
-    text = render(Section("flash").template, facts, link_base=tmp_path)
+    text = section_text("flash", facts, link_base=tmp_path)
     assert "2 of 2 configurations skipped" in text and "no leaderboard records" in text
 
 
@@ -333,7 +333,7 @@ def test_a_time_flat_in_the_problems_size_is_overhead_bound_and_left_out_of_the_
     busy, every = facts["speedup_busy"]["eager"], facts["speedup_over"]["eager"]
     assert every["shapes"] == 3 and busy["shapes"] == 2
     assert busy["min_at"]["seq"] != 16 and busy["max_at"]["seq"] != 16
-    text = " ".join(render(Section("flash").template, facts, link_base=tmp_path).split())
+    text = " ".join(section_text("flash", facts, link_base=tmp_path).split())
     assert "1 of 6 cells (marked `*`) are overhead-bound" in text
     assert "(2 shapes), the median speed-up over plain PyTorch is" in text
     growing = _build(tmp_path / "growing", sweep("growing", (1.0, 4.0, 16.0),
@@ -349,7 +349,7 @@ def test_the_leaderboard_names_the_backend_sdpa_chose_where_its_record_does(tmp_
                 for impl in ("flash-triton", "sdpa")]
 
     def words(facts):
-        return " ".join(render(Section("flash").template, facts, link_base=tmp_path).split())
+        return " ".join(section_text("flash", facts, link_base=tmp_path).split())
 
     facts = _build(tmp_path, [], board(sdpa_backend="CUDNN_ATTENTION"))
     assert facts["leaderboard"]["sdpa_backend"] == "cuDNN"

@@ -16,8 +16,6 @@ import yaml
 
 from cs336_systems.pipeline.config import merged_presets
 from cs336_systems.report.facts import read_facts, write_facts
-from cs336_systems.report.render import render
-from cs336_systems.sections import Section
 from cs336_systems.sections.flash import report as flash
 from cs336_systems.sections.flash import speed_table as speed_report
 from cs336_systems.sections.flash import time_targets as flash_speed
@@ -32,6 +30,7 @@ from cs336_systems.sections.flash.targets import (
     group_runs,
 )
 from support.checkout import ROOT, copy_checkout, stale_jobs
+from support.sections import section_text
 
 CONFIG = yaml.safe_load((ROOT / "config.yaml").read_text())
 PRESETS = merged_presets(CONFIG)
@@ -247,7 +246,7 @@ def test_longest_halves_the_length_after_an_out_of_memory(monkeypatch):
 
 # --- the speed table, from synthetic records -----------------------------------------------
 
-ENV = {"device": "cuda", "gpu": "NVIDIA H200", "torch": "2.11", "triton": "3.6", "git": "abc"}
+ENV = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11", "triton": "3.6", "git": "abc"}
 
 
 def _measured(impl: str, shape, value: float, std: float = 0.01, status: str = "ok",
@@ -394,7 +393,7 @@ def test_speed_facts_table_and_sentences(tmp_path):
     assert len(table) == len(rows) and set(table["commit"]) == {"abc", "def"}
     assert facts["commits"]["speed"] == {"commits": ["abc", "def"], "mixed": True}
 
-    text = " ".join(render(Section("flash").template, facts, link_base=tmp_path).split())
+    text = " ".join(section_text("flash", facts, link_base=tmp_path).split())
     assert "Of 13 rows, 4 meet their target, 4 miss it and 5 were not measured." in text
     assert ("Unmet: leaderboard forward+backward (stretch) at 16x16384x64: 1.20x "
             "against ≤ 1x SDPA cuDNN, compiled, 1.20x above the bound.") in text
@@ -417,7 +416,7 @@ def test_every_target_met(tmp_path):
         _measured("sdpa-cudnn+compile", LB, 4.5)], [LB])
     facts = _facts(tmp_path, [path])
     assert facts["speed"]["all_met"] is True and facts["speed"]["unmet"] == []
-    text = " ".join(render(Section("flash").template, facts, link_base=tmp_path).split())
+    text = " ".join(section_text("flash", facts, link_base=tmp_path).split())
     assert "Of 3 rows, 3 meet their target, 0 miss it and 0 were not measured." in text
     assert "Every target is met." in text
     assert "Every record of the speed table comes from commit `abc`." in text
@@ -467,12 +466,12 @@ def test_mixed_commits_are_said(tmp_path):
     facts = _facts(tmp_path, [], records=records)
     assert facts["commits"]["flash"] == {"commits": ["abc", "def"], "mixed": True}
     assert facts["commits"]["leaderboard"] == {"commits": [], "mixed": False}
-    text = " ".join(render(Section("flash").template, facts, link_base=tmp_path).split())
+    text = " ".join(section_text("flash", facts, link_base=tmp_path).split())
     assert ("The flash_benchmarking table mixes records from 2 commits (`abc`, `def`)"
             in text)
     assert "no speed records in this preset" in text
     one = _facts(tmp_path, [], records=records[:1])
-    text = " ".join(render(Section("flash").template, one, link_base=tmp_path).split())
+    text = " ".join(section_text("flash", one, link_base=tmp_path).split())
     assert "Every record of the flash_benchmarking table comes from commit `abc`." in text
 
 
@@ -518,7 +517,7 @@ def test_a_long_speed_table_is_summarised_one_row_per_target(tmp_path, monkeypat
     assert len(summary) == len(summary.drop_duplicates(["target", "bound"])) < 13
     stretch = summary.set_index("target").loc["leaderboard forward+backward (stretch)"]
     assert stretch["met"] == "0 of 1" and stretch["farthest miss"].startswith("1.20x at")
-    text = " ".join(render(Section("flash").template, facts, link_base=tmp_path).split())
+    text = " ".join(section_text("flash", facts, link_base=tmp_path).split())
     assert "the speed table's CSV" in text and "Unmet:" not in text
     assert "| leaderboard forward+backward (stretch) " in sp["table"]
 
@@ -538,3 +537,11 @@ def test_a_graph_step_returns_the_gradients_and_leaves_grad_alone():
     flash_speed.step_fn(attend, "forward_backward_ms", (q, k, v, grad_o), True)()
     assert all(torch.allclose(g, t.grad) for g, t in zip(grads, (q, k, v)))
     assert {g.metric for g in GROUPS.values() if g.name.endswith("_graph")} == {GRAPH_METRIC}
+
+
+def test_a_bound_quoted_for_another_gpu_is_not_judged(tmp_path, monkeypatch):
+    """The class's best 2025 entry is an H100's time: on an H200 ours is shown, not judged."""
+    monkeypatch.setitem(ENV, "gpu", "NVIDIA H200")
+    best = _rows(tmp_path)[("leaderboard_vs_class_best", "16x16384x64")]
+    assert best["status"] == "not comparable" and best["meets_target"] is None
+    assert best["reason"] == "the bound is an H100's; this ran on NVIDIA H200"

@@ -10,10 +10,9 @@ from cs336_systems.measure.memory import GIB
 from cs336_systems.pipeline.records import make_record
 from cs336_systems.records import write_json_atomic
 from cs336_systems.report.facts import jsonable
-from cs336_systems.report.render import render
-from cs336_systems.sections import Section
 from cs336_systems.sections.fsdp import report as section
 from support.cuda_traces import two_uses
+from support.sections import section_text
 
 ENV = {"device": "cuda", "gpu": "NVIDIA H200", "torch": "2.11", "triton": "3.6", "git": "abc"}
 SHAPE = {"size": "2.7b", "context_length": 512, "batch_size": 8, "world_size": 2}
@@ -70,7 +69,7 @@ def test_section_compares_with_torch_and_accounts_for_the_saving(tmp_path):
     assert (t["hidden"], t["profiled"], t["all_hidden"]) == (1, 2, False)
     assert facts["coverage"]["fsdp"]["status"] == "answered"
     assert facts["coverage"]["fsdp_accounting"]["status"] == "answered"
-    text = " ".join(render(Section("fsdp").template, facts).split())
+    text = " ".join(section_text("fsdp", facts).split())
     assert "our step is 1.25x slower (400.0 ms for FSDP2)" in text
     assert "1 of 2 gathers finished before then" in text
     assert "waited 0.10 ms per step" in text
@@ -82,7 +81,7 @@ def test_a_failed_fsdp_run_leaves_the_accounting_unanswered(tmp_path):
     facts, _ = _build(tmp_path, fsdp_status="oom")
     assert facts["accounting"] is None and facts["timing"] is None
     assert facts["coverage"]["fsdp_accounting"]["status"] == "partly answered"
-    text = render(Section("fsdp").template, facts)
+    text = section_text("fsdp", facts)
     assert "Not measured: fsdp, oom" in " ".join(text.split())
 
 

@@ -10,13 +10,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from support.checkout import ROOT
 
 from cs336_systems.report.facts import jsonable
-from cs336_systems.report.render import render
-from cs336_systems.sections import Section
 from cs336_systems.sections.mixed_precision import report as section
 from cs336_systems.sections.mixed_precision import run_study as experiment
+from support.checkout import ROOT
+from support.sections import section_text
 
 ASSIGNMENT = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["benchmark"]
 QUICK = ROOT / "docs/reference-run/results/quick/benchmark"
@@ -113,7 +112,7 @@ def test_toy_model_facts_say_whether_layer_norm_was_treated_apart(synthetic, tmp
     facts, _ = _build(tmp_path, {**cpu_records, "toy_model": [str(path)], "benchmark": []})
     run = facts["toy"]["runs"][0]
     assert run["ln_differs"] and run["ln_upcast"] and facts["toy"]["on_cuda"]
-    text = " ".join(render(Section("mixed_precision").template, facts, link_base=tmp_path).split())
+    text = " ".join(section_text("mixed_precision", facts, link_base=tmp_path).split())
     assert ("The LayerNorm is treated differently from the linear layers: its output is float32 "
             "where fc1's is float16") in text
     assert "whose autocast is not CUDA's" not in facts["coverage"][
@@ -158,7 +157,7 @@ def test_steps_flat_in_the_context_are_overhead_bound_and_left_out_of_the_counts
         paths = [_bench(tmp_path, "small", ctx, "train-step", precision, ms, 0.5, 1.3e8)
                  for ctx, pair in steps.items() for precision, ms in zip(("fp32", "bf16"), pair)]
         facts, _ = _build(tmp_path, {**cpu_records, "benchmark": paths})
-        return facts["speedup"], render(Section("mixed_precision").template, facts,
+        return facts["speedup"], section_text("mixed_precision", facts,
                                         link_base=tmp_path)
 
     speed, text = built(44.0)
@@ -183,7 +182,7 @@ def test_a_trend_along_sizes_leaves_out_the_overhead_bound_steps(tmp_path, cpu_r
                  for (size, ctx), pair in steps.items()
                  for precision, ms in zip(("fp32", "bf16"), pair)]
         facts, _ = _build(tmp_path, {**cpu_records, "benchmark": paths})
-        text = " ".join(render(Section("mixed_precision").template, facts,
+        text = " ".join(section_text("mixed_precision", facts,
                                link_base=tmp_path).split())
         return {t["context_length"]: t for t in facts["speedup"]["trends"]}, text
 
@@ -202,13 +201,13 @@ def test_coverage_claims_both_problems(synthetic):
     assert coverage["mixed_precision_accumulation"]["status"] == "answered"
     claim = coverage["benchmarking_mixed_precision"]
     assert claim["status"] == "partly answered"
-    assert claim["note"] == ("(c) lacks sizes xl, 2.7b; (a) read on cpu, whose autocast is "
+    assert claim["note"] == ("(c) lacks sizes xl-2025, xl, 10B; (a) read on cpu, whose autocast is "
                              "not CUDA's")
 
 
 def test_the_template_renders_every_part(synthetic, tmp_path):
     facts, _ = synthetic
-    text = render(Section("mixed_precision").template, facts, link_base=tmp_path)
+    text = section_text("mixed_precision", facts, link_base=tmp_path)
     flat = " ".join(text.split())
     assert '<a id="mixed_precision_accumulation"></a>' in text
     assert '<a id="benchmarking_mixed_precision"></a>' in text
@@ -249,9 +248,9 @@ def test_the_assignment_runs_speed_ups_show_one_row_per_size_and_mode(tmp_path, 
     facts, _ = _build(tmp_path, {**cpu_records, "benchmark": sorted(
         str(p) for p in bench.glob("*_warmup5.json"))})
     table = facts["speedup"]["table"]
-    assert not table["whole"] and table["rows"] == 40
+    assert not table["whole"] and table["rows"] == 48
     lines = [line for line in table["markdown"].splitlines() if line.startswith("| ")]
-    assert len(lines) == 1 + 5 * 2
+    assert len(lines) == 1 + 6 * 2  # the header, then size x mode
 
     def step_ms(precision):
         name = f"large_ctx1024_forward_{precision}_warmup5.json"
@@ -272,7 +271,7 @@ def test_skipped_parts_are_said_so(tmp_path, cpu_records):
         records[name] = [str(path)]
     facts, _ = _build(tmp_path, {**records, "benchmark": []})
     assert facts["coverage"]["mixed_precision_accumulation"]["status"] == "skipped"
-    text = " ".join(render(Section("mixed_precision").template, facts, link_base=tmp_path).split())
+    text = " ".join(section_text("mixed_precision", facts, link_base=tmp_path).split())
     assert ("_(not measured: skipped, CUDA was requested but no CUDA device is available on this "
             "machine)_") in text
     assert "_(no configuration was timed in both fp32 and bf16)_" in text

@@ -14,11 +14,10 @@ from cs336_systems.pipeline.records import make_record
 from cs336_systems.records import write_json_atomic
 from cs336_systems.report.coverage import PROBLEM_KEYS
 from cs336_systems.report.facts import jsonable
-from cs336_systems.report.render import render
-from cs336_systems.sections import Section
 from cs336_systems.sections.parallelism import check_parallelism as checks_cli
 from cs336_systems.sections.parallelism.report import build
 from support.checkout import ROOT
+from support.sections import section_text
 
 CONFIG = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["parallelism"]
 OPTIONS = {"sizes": ["small", "2.7b"], "batch_tokens": 100_000, "devices": 8,
@@ -88,7 +87,7 @@ def _build(records: dict, folder: Path) -> tuple[dict, str]:
     facts = json.loads(json.dumps(jsonable(build(records, OPTIONS, outputs)), allow_nan=False))
     for path in outputs.values():
         assert Path(path).is_file(), path
-    return facts, render(Section("parallelism").template, facts, link_base=folder)
+    return facts, section_text("parallelism", facts, link_base=folder)
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,10 @@ from cs336_systems.measure.profiling import is_matmul
 from cs336_systems.pipeline.records import make_record
 from cs336_systems.records import write_json_atomic
 from cs336_systems.report.facts import jsonable
-from cs336_systems.report.render import render
-from cs336_systems.sections import Section
 from cs336_systems.sections.profile import profile_step as profile
 from cs336_systems.sections.profile import report as section
 from support.checkout import ROOT
+from support.sections import section_text
 
 DEFAULTS = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]
 GEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_cublas"
@@ -32,7 +31,7 @@ def _build(paths, tmp_path, nsys=()):
     facts = jsonable(section.build({"records": [str(p) for p in paths],
                                     "nsys_records": [str(p) for p in nsys]},
                                    {"assignment": DEFAULTS["profile"]}, outputs))
-    return facts, render(Section("profile").template, facts, link_base=tmp_path)
+    return facts, section_text("profile", facts, link_base=tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -170,5 +169,5 @@ def test_a_failed_configuration_is_listed(tmp_path, cuda_records):
                                        "oom", message="CUDA out of memory. Tried to allocate"))
     facts, text = _build([*cuda_records, oom], tmp_path)
     assert facts["failures"][0]["status"] == "oom"
-    assert "Not profiled: 2.7b ctx 1024 train-step: oom" in text
+    assert "Not profiled: xl ctx 1024 train-step: oom" in text
     assert json.dumps(facts)  # plain JSON

@@ -7,11 +7,10 @@ import pytest
 
 from cs336_systems.pipeline.records import make_record
 from cs336_systems.records import write_json_atomic
-from cs336_systems.report.render import render
-from cs336_systems.sections import Section
 from cs336_systems.sections.training import report as section
 from cs336_systems.sections.training import time_optimizer, time_training
 from cs336_systems.sections.training.runs import RUNS
+from support.sections import section_text
 
 ENV = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11", "triton": "3.6",
        "git": "abc"}
@@ -55,7 +54,7 @@ def _facts(tmp_path, training, optimizer):
     outputs = {"training_table": str(tmp_path / "t.csv"),
                "optimizer_table": str(tmp_path / "o.csv")}
     facts = section.build({"training": training, "optimizer": optimizer}, {}, outputs)
-    text = " ".join(render(Section("training").template, facts, link_base=tmp_path).split())
+    text = " ".join(section_text("training", facts, link_base=tmp_path).split())
     return facts, text
 
 

@@ -483,6 +483,21 @@ def sequential_optimum(grid: Grid) -> sp.Expr:
     return sp.simplify(root)
 
 
+def overlapped_largest(grid: Grid) -> sp.Expr:
+    """With the axes overlapped, each axis's condition involves only its own count, so the
+    largest N = N_TP * N_FSDP (real) is the product of the two axes' limits: the closed-form
+    bound N <= this."""
+    return sp.factor(break_even(grid.fsdp_time, grid.compute_time, N_FSDP)
+                     * break_even(grid.tp_time, grid.compute_time, N_TP))
+
+
+def sequential_largest(grid: Grid) -> sp.Expr:
+    """Without overlap, the largest real N on the boundary: N_TP * N_FSDP at the optimum
+    N_TP (`sequential_optimum`), the closed-form bound N <= this."""
+    best = sequential_optimum(grid)
+    return sp.factor(sp.simplify(best * sequential_boundary(grid).subs(N_TP, best)))
+
+
 def value(expr: sp.Expr, values: dict[sp.Symbol, float]) -> float:
     return float(expr.subs(values))
 

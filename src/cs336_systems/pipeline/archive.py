@@ -322,7 +322,8 @@ def rerender(archive: str | Path, into: str | Path | None = None, cores: int = 1
                "--configfile", str(checkout / "config.yaml"),
                "--workflow-profile", str(checkout / "profiles" / "default"),
                "--cores", str(cores), "--config", f"preset={contents.preset}",
-               "--allowed-rules", *tables, "section_markdown", "writeup", "--forcerun", *tables]
+               "--allowed-rules", *tables, "section_markdown", "section_details", "writeup",
+               "--forcerun", *tables]
     run = subprocess.run(command, cwd=folder, check=False)
     if run.returncode != 0:
         raise SystemExit(f"rendering {archive} in {folder} failed (Snakemake's messages are "

@@ -5,6 +5,7 @@ directive into a `Job` and calls `run(job)`, which runs the entry point its rule
     experiment       params.cli (a module with `main(argv)`) on params.args -> one record
     section_tables   a section's report module on its records -> tables, figures, facts JSON
     section_markdown a section's facts through its template -> results/<preset>/sections/<s>.md
+    section_details  a section's facts through its details template -> report/details/<s>.md
     writeup          header, coverage table and the sections in order -> report/writeup.md
     archive          the preset's results, writeup, config and manifest -> one tarball
 
@@ -30,7 +31,8 @@ from pathlib import Path
 
 from cs336_systems.measure import job_clock
 
-ENTRIES = ("experiment", "section_tables", "section_markdown", "writeup", "archive")
+ENTRIES = ("experiment", "section_tables", "section_markdown", "section_details", "writeup",
+           "archive")
 # The inputs of a tables rule that are not records (workflow/rules/common.smk: tables_inputs).
 TABLES_SUPPORT = ("code", "folders", "neighbours", "schemas")
 
@@ -223,12 +225,22 @@ def section_markdown(job: Job) -> None:
                        link_base=job.params.link_base)
 
 
+def section_details(job: Job) -> None:
+    from cs336_systems.report.render import render_details
+
+    with log_to(job.log[0]):
+        render_details(job.input.facts, job.input.template, job.output[0],
+                       link_base=job.params.link_base, writeup=job.params.writeup)
+
+
 def writeup(job: Job) -> None:
     from cs336_systems.report.writeup import render_writeup
 
     with log_to(job.log[0]):
         render_writeup(sections=list(job.input.sections), facts=list(job.input.facts),
-                       template=job.input.template, output=job.output[0],
+                       section_templates=list(job.input.section_templates),
+                       template=job.input.template, run_template=job.input.run_template,
+                       output=job.output.writeup, run_output=job.output.run,
                        preset=job.params.preset)
 
 

@@ -74,6 +74,23 @@ def speedup(time: float, reference: float, time_std: float | None = None,
             "within_spread": within}
 
 
+def median_speedup(time: float, reference: float, time_range: tuple | None = None,
+                   reference_range: tuple | None = None) -> dict | None:
+    """`speedup` of two medians, for tables that show each time as its median [min–max]: the
+    ratio of the medians, and a tie (`within_spread`) where the two [min, max] ranges overlap
+    (None where a range is unknown)."""
+    result = speedup(time, reference)
+    if result is None:
+        return None
+    ranges = [r for r in (time_range, reference_range) if r and all(map(_finite, r))]
+    if len(ranges) == 2:
+        (t_lo, t_hi), (r_lo, r_hi) = ranges
+        result["within_spread"] = not (t_hi < r_lo or r_hi < t_lo)
+    else:
+        result["within_spread"] = None
+    return result
+
+
 # A time is overhead-bound when a larger problem of its kind (the same implementation, dtype,
 # model...) did at least OVERHEAD_WORK times its work in at most OVERHEAD_FLAT times its time:
 # flat in the problem's size, it measured launches and host work, not the computation.

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from cs336_systems.lm.sizes import size_label
 from cs336_systems.records import read_record
 
 ENV_COLUMNS = ("device", "gpu", "torch", "triton", "git")
@@ -65,10 +66,13 @@ MAX_SHOWN_ROWS = 25
 
 
 def to_markdown(frame: pd.DataFrame) -> str:
-    """A markdown table; floats get `format_number`, strings are printed as they are."""
+    """A markdown table; floats get `format_number`, strings are printed as they are, and a
+    `size` column names its model sizes as the writeup does (`lm.sizes.size_label`)."""
     if frame.empty:
         return "_(no rows)_"
     shown = frame.copy()
+    if "size" in shown.columns:
+        shown["size"] = shown["size"].map(size_label)
     for column in shown.columns:
         if pd.api.types.is_float_dtype(shown[column]):
             shown[column] = shown[column].map(format_number)

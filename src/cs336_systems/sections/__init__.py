@@ -7,7 +7,12 @@ A section is one folder here, one rules file and one config block:
     sections/<name>/report.py      build(records, options, outputs) -> facts (`SectionReport`)
     sections/<name>/records.yaml   what each kind of record its jobs write holds, with types
                                    (checked when a table reads it: `report.record_schemas`)
-    sections/<name>/template.md.j2 facts -> the section's prose and tables
+    sections/<name>/template.md.j2 facts -> the section's part of the writeup: each problem's
+                                   answers first, then how they were measured and the table or
+                                   figure they cite; and `glance(problem)`, a macro giving each
+                                   problem's one-line answer for the writeup's first table
+    sections/<name>/details.md.j2  facts -> its companion page (report/details/<name>.md):
+                                   method, every configuration, spreads, the studies beyond
     sections/<name>/captions/*.rst its tables' and figures' captions in `snakemake --report`
     workflow/rules/<name>.smk      its jobs and its `<name>_tables` rule
     config.yaml: defaults.<name>   its matrix (with its schema in workflow/schemas/)
@@ -75,6 +80,10 @@ class Section:
     @property
     def template(self) -> Path:
         return self.folder / "template.md.j2"
+
+    @property
+    def details(self) -> Path:
+        return self.folder / "details.md.j2"
 
     @property
     def records_schema(self) -> Path:

@@ -1,7 +1,7 @@
 """benchmarking_script (assignment 1.1): the table, figures and facts of the benchmark records.
 
-`build` is the section's report module entry (see `cs336_systems.sections`); the prose
-is in `templates/benchmark.md.j2`.
+`build` is the section's report module entry (see `cs336_systems.sections`); the prose is in
+the section's template.md.j2 (the answers) and details.md.j2 (its companion page).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from cs336_systems.lm.model import MODEL_SIZES
+from cs336_systems.lm.sizes import size_label
 from cs336_systems.lm.step import MODES
 from cs336_systems.records import read_record
 from cs336_systems.report import figures
@@ -224,7 +225,60 @@ def warmup_ablation(table: pd.DataFrame) -> dict | None:
                                                  warm["step_ms_std"], g.loc[w, "step_ms_std"])}
                         for w in counts[1:-1]],
         })
-    return {"table": to_markdown(pd.DataFrame(rows)), "configs": configs}
+    return {"table": to_markdown(pd.DataFrame(rows)), "configs": configs,
+            "summary": warmup_summary(configs)}
+
+
+# The context of the by-size table: the 2026 handout's default where the run measured it.
+BY_SIZE_CONTEXT = 512
+
+
+def by_size(main: pd.DataFrame) -> dict | None:
+    """(b)'s table: every size's training step in fp32 at one context (BY_SIZE_CONTEXT, else the
+    longest measured), each phase's mean ± std, or the configuration's status."""
+    steps = main[(main["mode"] == "train-step") & (main["precision"] == "fp32")]
+    if steps.empty:
+        return None
+    contexts = set(steps["context_length"])
+    context = BY_SIZE_CONTEXT if BY_SIZE_CONTEXT in contexts else max(contexts)
+    at = steps[steps["context_length"] == context].sort_values("size", key=lambda s: s.map(
+        SIZE_ORDER))
+    rows, ok = [], at[at["status"] == "ok"]
+    for _, r in at.iterrows():
+        row = {"size": r["size"], "status": r["status"]}
+        for phase in PHASES:
+            row[f"{phase} ms"] = mean_pm_std(r[f"{phase}_ms_mean"], r[f"{phase}_ms_std"])
+        rows.append(row)
+    first, last = (ok.iloc[0], ok.iloc[-1]) if len(ok) else (None, None)
+    return {"context_length": int(context), "table": to_markdown(pd.DataFrame(rows)),
+            "smallest": None if first is None else {"size": first["size"],
+                                                    "step_ms": first["step_ms_mean"]},
+            "largest": None if last is None else {"size": last["size"],
+                                                  "step_ms": last["step_ms_mean"]},
+            "not_ok": [{"size": r["size"], "status": r["status"]}
+                       for _, r in at[at["status"] != "ok"].iterrows()]}
+
+
+def warmup_summary(configs: list[dict]) -> dict | None:
+    """(c) in one line: across the ablation's configurations, how far the cold run's first step
+    and mean sit above the warm run's, and after each middle warm-up count how many means are a
+    tie with the warm one (inside the measured spread)."""
+    if not configs:
+        return None
+    cold_over_warm = [c["cold"]["mean"] / c["warm"]["mean"] for c in configs]
+    first = [c["first_over_warm_median"] for c in configs]
+    after = []
+    for i, step in enumerate(configs[0]["between"]):
+        ratios = [c["between"][i]["against_warm"] for c in configs if len(c["between"]) > i]
+        after.append({"warmup_steps": step["warmup_steps"], "of": len(ratios),
+                      "ties": sum(bool(r["within_spread"]) for r in ratios),
+                      "ratio_min": min(r["ratio"] for r in ratios),
+                      "ratio_max": max(r["ratio"] for r in ratios)})
+    return {"configs": len(configs), "cold_warmup_steps": configs[0]["cold"]["warmup_steps"],
+            "warm_warmup_steps": configs[0]["warm"]["warmup_steps"],
+            "first_over_warm": {"min": min(first), "max": max(first)},
+            "cold_mean_over_warm": {"min": min(cold_over_warm), "max": max(cold_over_warm)},
+            "after": after}
 
 
 def size_table(table: pd.DataFrame) -> str:
@@ -241,7 +295,7 @@ def size_table(table: pd.DataFrame) -> str:
 def left_out(table: pd.DataFrame, assignment: dict) -> str:
     """What of the assignment's matrix (the config's defaults) the run did not include."""
     missing = {
-        "sizes": [s for s in assignment["sizes"] if s not in set(table["size"])],
+        "sizes": [size_label(s) for s in assignment["sizes"] if s not in set(table["size"])],
         "contexts": [c for c in assignment["context_lengths"]
                      if c not in set(table["context_length"])],
         "warm-up counts": [w for w in assignment["warmup_ablation"]["warmup_steps"]
@@ -270,6 +324,7 @@ def facts(table: pd.DataFrame, outputs: dict[str, str], assignment: dict) -> dic
         "variability": variability(main_ok),
         "backward": backward_share(main_ok),
         "scaling": scaling(main_ok),
+        "by_size": by_size(main),
         "failures": not_ok(table, CONFIG_KEYS + ["warmup_steps"]),
         "warmup": warmup_ablation(table),
         "scaling_figure": outputs["scaling_figure"],

@@ -22,6 +22,7 @@ import pandas as pd
 from cs336_systems.distributed.launch import backend_for
 from cs336_systems.distributed.variants import DDP_VARIANTS, TRAINING_PHASES
 from cs336_systems.lm.model import MODEL_SIZES
+from cs336_systems.lm.sizes import size_label
 from cs336_systems.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import covered, jsonable, not_ok, number, speedup
@@ -64,14 +65,12 @@ ACCOUNTING_INPUTS = ["gpu_memory_gb", "tpu_memory_gb", "mesh_multiplicity_x", "f
 MIB = 2**20
 # The assignment's DDP and sharding runs are on GPUs: the backend a CUDA device gets.
 GPU_BACKEND = backend_for("cuda")
-# What each edition calls the model sizes it names: 2026's "xl" is the 2025 2.7B shape.
-EDITION_NAMES = {"xl": "the 2025 edition's xl", "2.7b": "the 2026 edition's xl"}
 SIZE_ORDER = {size: i for i, size in enumerate(MODEL_SIZES)}
 
 
 def edition_name(size: str) -> str:
-    """'xl (the 2025 edition's xl)'; a size no edition names, as it is."""
-    return f"{size} ({EDITION_NAMES[size]})" if size in EDITION_NAMES else str(size)
+    """A size as the writeup names it (`lm.sizes.size_label`: 2026's xl, 2025's xl-2025)."""
+    return size_label(size)
 
 
 
@@ -664,7 +663,9 @@ def _memory(row: pd.Series) -> dict:
             "after_step_gib": number(row["allocated_gib_after_step"]),
             "init_above_parameters_gib": above(peaks["init"], terms["parameters_gib"]),
             "before_step_above_state_gib": above(peaks["before_step"], state),
-            "step_above_state_gib": above(peaks["step"], state)}
+            "step_above_state_gib": above(peaks["step"], state),
+            # what the step itself allocated: its peak less what was allocated right before it
+            "step_allocated_gib": above(peaks["step"], number(row["allocated_gib_before_step"]))}
 
 
 def sharded_facts(table: pd.DataFrame, per_rank: dict[bool, list[dict]]) -> dict:

@@ -1,10 +1,11 @@
-"""The flash section's speed table: one row per (target, shape) of `speed_targets.TARGETS`,
-from the records of `experiments/flash_speed.py` (one per group of targets).
+"""The flash section's speed table: one row per (target, shape) of `targets.TARGETS`, from the
+records of `sections/flash/time_targets.py` (one per group of targets).
 
 A row holds our value and, where the target has a reference, the reference's value measured
 in the same process, their ratio (ours / reference), the target, and `meets_target`. A row
-whose measurement did not end `ok` (out of memory, skipped, timed out, or a failed job) has no
-verdict: its status and reason say why. `within_spread` says whether the value is within the
+whose measurement did not end `ok` (out of memory, skipped, timed out, or a failed job), or
+whose fixed bound was quoted for another GPU ("not comparable"), has no verdict: its status
+and reason say why. `within_spread` says whether the value is within the
 measured spread (the rounds' standard deviations) of the bound, where a verdict could flip
 from one run to the next.
 """
@@ -66,6 +67,10 @@ def target_row(target: Target, record: dict, shape) -> dict:
     for label, m in ((target.ours.label, ours), (row["reference"], reference)):
         if m is not None and m["status"] != "ok":
             return _not_ok(row, m["status"], f"{label}: {reason(m.get('message'))}")
+    gpu = record["env"].get("gpu") or record["env"].get("device") or "unknown"
+    if target.bound_gpu and target.bound_gpu not in str(gpu):
+        return _not_ok(row, "not comparable", f"the bound is an {target.bound_gpu}'s; this ran "
+                       f"on {gpu}")
     return {**row, **verdict(target, row), "status": "ok", "reason": ""}
 
 

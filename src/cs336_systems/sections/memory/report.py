@@ -19,6 +19,7 @@ import pandas as pd
 from cs336_systems.analysis.memory_model import analytic_peak, step_memory
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.precision import PRECISIONS
+from cs336_systems.lm.sizes import size_label
 from cs336_systems.lm.step import MODES
 from cs336_systems.measure.memory import GIB
 from cs336_systems.measure.memory_timeline import PREEXISTING, Timeline
@@ -115,7 +116,7 @@ def status_text(row) -> str:
 # --- (a) timelines ---------------------------------------------------------------------------
 
 def panel_title(row) -> str:
-    return f"{row['size']} ctx {row['context_length']}, {row['precision']}"
+    return f"{size_label(row['size'])} ctx {row['context_length']}, {row['precision']}"
 
 
 def timeline_figure(rows: pd.DataFrame, timelines: dict[int, Timeline],
@@ -253,7 +254,8 @@ def bf16_facts(frame: pd.DataFrame) -> dict:
         parts = [k for k in PARAMETER_SHAPED if k in step_memory(size, 1, 1, mode)]
         modes.append({"size": size, "mode": mode, "count": len(pairs),
                       "ratio_min": min(ratios), "ratio_max": max(ratios),
-                      "word": change_word(ratios), "fixed_parts": ", ".join(parts),
+                      "word": change_word(ratios), **change_counts(ratios),
+                      "fixed_parts": ", ".join(parts),
                       "fixed_gib": pairs[0]["fixed_gib"],
                       "fixed_share_min": min(p["fixed_share"] for p in pairs),
                       "fixed_share_max": max(p["fixed_share"] for p in pairs),
@@ -269,13 +271,23 @@ def bf16_facts(frame: pd.DataFrame) -> dict:
 
 
 def change_word(ratios: list[float]) -> str:
+    """What bf16 does to the peak over `ratios` (bf16 / fp32): "barely changes" where every
+    ratio is within SAME of 1, "raises" or "lowers" only where every one is beyond it on that
+    side; anything else is mixed (`change_counts` says how)."""
     if all(abs(r - 1) <= SAME for r in ratios):
         return "barely changes"
-    if all(r <= 1 + SAME for r in ratios):
-        return "lowers"
-    if all(r >= 1 - SAME for r in ratios):
+    if all(r > 1 + SAME for r in ratios):
         return "raises"
-    return "changes, in both directions,"
+    if all(r < 1 - SAME for r in ratios):
+        return "lowers"
+    return "changes by context"
+
+
+def change_counts(ratios: list[float]) -> dict:
+    """How many of `ratios` (bf16 / fp32 peaks) are ties (within SAME of 1), rises and falls."""
+    return {"same": sum(abs(r - 1) <= SAME for r in ratios),
+            "raised": sum(r > 1 + SAME for r in ratios),
+            "lowered": sum(r < 1 - SAME for r in ratios)}
 
 
 # --- the analytic model beside each peak -----------------------------------------------------
@@ -419,7 +431,8 @@ def largest_facts(largest: pd.DataFrame, chosen: list[dict]) -> dict:
 # --- the section -----------------------------------------------------------------------------
 
 def left_out(frame: pd.DataFrame, assignment: dict) -> str:
-    missing = {"sizes": [s for s in assignment["sizes"] if s not in set(frame["size"])],
+    missing = {"sizes": [size_label(s) for s in assignment["sizes"]
+                         if s not in set(frame["size"])],
                "contexts": [c for c in assignment["context_lengths"]
                             if c not in set(frame["context_length"])],
                "modes": [m for m in assignment["modes"] if m not in set(frame["mode"])],
@@ -496,7 +509,7 @@ def failures(frame: pd.DataFrame) -> list[dict]:
     """The configurations not measured, grouped by status and reason."""
     groups: dict[tuple[str, str], list[str]] = {}
     for f in not_ok(frame, CONFIG):
-        name = f"{f['size']} ctx {f['context_length']} {f['mode']} {f['precision']}"
+        name = f"{size_label(f['size'])} ctx {f['context_length']} {f['mode']} {f['precision']}"
         groups.setdefault((f["status"], f["reason"]), []).append(name)
     return [{"status": status, "reason": why, "configs": names}
             for (status, why), names in groups.items()]

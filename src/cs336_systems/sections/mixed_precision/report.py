@@ -16,6 +16,7 @@ import pandas as pd
 
 from cs336_systems.analysis.mixed_precision import LAYERNORM_METHODS
 from cs336_systems.lm.model import MODEL_SIZES
+from cs336_systems.lm.sizes import size_label
 from cs336_systems.lm.step import MODES
 from cs336_systems.records import read_record
 from cs336_systems.report import figures
@@ -445,7 +446,7 @@ def _left_out(bench: pd.DataFrame, table: pd.DataFrame, assignment: dict) -> str
         return "(c): no bf16 runs in this preset"
     have = set(table["size"]) if not table.empty else set()
     gone = [s for s in assignment["sizes"] if s not in have]
-    return f"(c) lacks sizes {', '.join(gone)}" if gone else ""
+    return f"(c) lacks sizes {', '.join(map(size_label, gone))}" if gone else ""
 
 
 def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:

@@ -178,6 +178,9 @@ def formulas() -> dict:
             "balanced_tp_large_n": par.formula(par.leading_term(balanced)),
             "sequential_load": par.formula(par.sequential_load(grid)),
             "sequential_best_tp": par.formula(par.sequential_optimum(grid)),
+            "sequential_boundary": par.formula(par.sequential_boundary(grid)),
+            "overlapped_largest_n": par.formula(par.overlapped_largest(grid)),
+            "sequential_largest_n": par.formula(par.sequential_largest(grid)),
         },
     }
 

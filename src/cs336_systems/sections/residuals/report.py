@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from cs336_systems.lm.model import MODEL_SIZES
+from cs336_systems.lm.sizes import size_label
 from cs336_systems.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import covered, not_ok
@@ -389,7 +390,7 @@ def summary_display(summary: pd.DataFrame) -> str:
     rows = []
     for _, r in ok.iterrows():
         rows.append({"target": r["target"] if r["target"] == "rmsnorm" else
-                     f"block {r['size']}", "heads": "" if pd.isna(r["num_heads"])
+                     f"block {size_label(r['size'])}", "heads": "" if pd.isna(r["num_heads"])
                      else int(r["num_heads"]), "context": int(r["context_length"]),
                      "variant": r["variant"], "saved tensors": int(r["saved_count"]),
                      "(B, T, d_model) of them": int(r["full_size_count"]),
