@@ -203,6 +203,7 @@ def results(tmp_path_factory):
     return run_on_ranks(_worker, tmp_path_factory.mktemp("fsdp"))
 
 
+@pytest.mark.pipeline  # starts ranks of a process group: the full test command runs it
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_fp32_training_matches_single_process_exactly(results, optimizer):
     for rank, result in enumerate(results):
@@ -210,6 +211,7 @@ def test_fp32_training_matches_single_process_exactly(results, optimizer):
             assert run["equal"] == [True] * STEPS, (rank, run["max_diff"])
 
 
+@pytest.mark.pipeline  # starts ranks of a process group: the full test command runs it
 def test_fp16_compute_matches_single_process_with_the_same_casts_exactly(results):
     """The reference casts every parameter to fp16 where each layer uses it (the tied weight
     once per use) and sums fp32 gradients: FSDP's compute_dtype, bit for bit."""
@@ -220,6 +222,7 @@ def test_fp16_compute_matches_single_process_with_the_same_casts_exactly(results
             assert not all(torch.equal(run["final"][name], fp32[name]) for name in fp32)
 
 
+@pytest.mark.pipeline  # starts ranks of a process group: the full test command runs it
 def test_shards_and_gradients_have_their_parameters_shape_and_dtype(results):
     for rank, result in enumerate(results):
         for run in result["fp32"]["sgd"] + result["fp16"]["sgd"]:
@@ -235,6 +238,7 @@ def test_shards_and_gradients_have_their_parameters_shape_and_dtype(results):
         *SHARDED, "norm1.weight", "fc1.bias", "norm2.weight", "frozen.bias"}
 
 
+@pytest.mark.pipeline  # starts ranks of a process group: the full test command runs it
 def test_replicated_gradients_are_identical_on_every_rank(results):
     for kind in ("fp32", "fp16"):
         for repeat in range(REPEATS):
@@ -244,6 +248,7 @@ def test_replicated_gradients_are_identical_on_every_rank(results):
                 assert all(torch.equal(grad, grads[0]) for grad in grads), (kind, name)
 
 
+@pytest.mark.pipeline  # starts ranks of a process group: the full test command runs it
 def test_gathers_run_in_a_prefetch_window_and_weights_are_freed(results):
     """Forward: the gather for layer i is issued as layer i - 2's forward ends, so it runs while
     layer i - 1 computes; backward re-gathers in reverse, each weight's gather issued when

@@ -13,6 +13,9 @@ import torch.distributed as dist
 from cs336_systems.distributed import cleanup, free_port, setup_from_env, spawn
 from support.distributed import run_on_ranks, save_result
 
+# starts ranks of a process group: the full test command runs these, not `-m "not pipeline"`
+pytestmark = pytest.mark.pipeline
+
 
 def _all_reduce_worker(rank: int, world_size: int, out_dir: str) -> None:
     x = torch.full((3,), float(rank + 1))

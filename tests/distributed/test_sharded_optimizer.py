@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from cs336_systems.distributed import ShardedOptimizer
@@ -51,6 +52,7 @@ def _sharded_worker(rank: int, world_size: int, out_dir: str) -> None:
     })
 
 
+@pytest.mark.pipeline  # starts ranks of a process group: the full test command runs it
 def test_sharded_optimizer_matches_adamw_and_shards_the_state(tmp_path):
     results = run_on_ranks(_sharded_worker, tmp_path)
     sizes, trainable = results[0]["sizes"], results[0]["trainable"]

@@ -132,6 +132,7 @@ def _check_against_reference(variant: str, results: list, tolerance: dict) -> No
     assert not torch.equal(initial["fc1.weight"], expected["fc1.weight"])  # training did move
 
 
+@pytest.mark.pipeline  # starts ranks of a process group: the full test command runs it
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_data_parallel_training_matches_single_process(variant, cpu_results):
     _check_against_reference(variant, cpu_results[variant], VARIANTS[variant][1])

@@ -151,6 +151,7 @@ def _fsdp_worker(rank: int, world_size: int, out_dir: str, seed: int) -> None:
         "dropped": dropped})
 
 
+@pytest.mark.pipeline  # starts ranks of a process group: the full test command runs it
 def test_on_two_fsdp2_ranks_it_steps_each_shard_as_the_fused_step(tmp_path):
     seed = int(torch.randint(0, 2**31, ()))
     for result in run_on_ranks(_fsdp_worker, tmp_path, seed):

@@ -13,6 +13,9 @@ import torch.distributed as dist
 from cs336_systems.pipeline import torchrun
 from cs336_systems.sections.distributed import time_allreduce
 
+# starts ranks of a process group: the full test command runs these, not `-m "not pipeline"`
+pytestmark = pytest.mark.pipeline
+
 
 def _record(path):
     return json.loads(path.read_text())

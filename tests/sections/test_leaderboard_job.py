@@ -35,6 +35,7 @@ def test_the_model_as_written_runs_in_process(tmp_path):
     assert "check_loss" not in metrics  # nothing to check the plain model against
 
 
+@pytest.mark.pipeline  # starts ranks of a process group: the full test command runs it
 def test_two_ranks_shard_train_and_check_with_gloo(tmp_path):
     # one step: Triton's interpreter runs every kernel here (the arguments' last value wins)
     record = _run(tmp_path, "ours-but-eager", "--world-size", "2", "--warmup-steps", "0",
