@@ -24,8 +24,19 @@ def stale_rules(workdir: Path) -> set[str]:
 def smoke_run(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("pipeline") / "repo"
     copy_checkout(workdir)
-    snakemake(workdir, "report/writeup.md", "--cores", "2")
+    run = snakemake(workdir, "report/writeup.md", "--cores", "2")
+    (workdir.parent / "run.log").write_text(run.stdout + run.stderr)
     return workdir
+
+
+def test_the_log_shows_each_section_s_progress_and_no_empty_shell_command(smoke_run):
+    log = (smoke_run.parent / "run.log").read_text()
+    assert "Shell command: None" not in log
+    lines = [line for line in log.splitlines() if line.startswith("progress: ")]
+    assert len(lines) >= 100  # one a finished job
+    assert any(line.startswith("progress: benchmark ") for line in lines)
+    assert lines[-1].startswith("progress: report ") and "the run" in lines[-1]
+    assert "no reference job times for this preset on a machine without a GPU" in lines[-1]
 
 
 def _read(workdir: Path) -> tuple[str, str, str]:
