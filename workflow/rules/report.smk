@@ -38,7 +38,6 @@ rule section_details:
         section=one_of(SECTIONS),
     params:
         job="section_details",
-        link_base="report/details",
         writeup="report/writeup.md",  # where the answers' anchors are
     conda:
         SOFTWARE

@@ -230,7 +230,7 @@ def section_details(job: Job) -> None:
 
     with log_to(job.log[0]):
         render_details(job.input.facts, job.input.template, job.output[0],
-                       link_base=job.params.link_base, writeup=job.params.writeup)
+                       link_base=Path(job.output[0]).parent, writeup=job.params.writeup)
 
 
 def writeup(job: Job) -> None:
