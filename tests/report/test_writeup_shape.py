@@ -9,7 +9,7 @@ import re
 import pytest
 
 from cs336_systems.report.coverage import PROBLEMS
-from cs336_systems.report.render import glance, reflow, render_details
+from cs336_systems.report.render import glance, one_value_ranges, reflow, render_details
 from cs336_systems.report.writeup import coverage, glance_rows
 from cs336_systems.sections import SECTIONS, Section
 from support.checkout import ROOT
@@ -119,6 +119,14 @@ def test_reflow_rewraps_prose_and_keeps_tables_and_code():
                             "|---|---|\n\n```text\nx = 1\n  y\n```")
     long = " ".join(["word"] * 60)
     assert all(len(line) <= 100 for line in reflow(long).splitlines())
+
+
+def test_a_range_whose_ends_print_alike_is_one_value():
+    assert one_value_ranges("the step is 1.30x–1.30x vanilla's speed; 58–58% of it") == \
+        "the step is 1.30x vanilla's speed; 58% of it"
+    assert one_value_ranges("1.30x to\n1.30x gloo's time, 0.5–0.5 ms") == "1.30x gloo's time, 0.5 ms"
+    kept = "1.3x–1.30x, 58–60%, 12–12.5, from 2.00 to 2.00 GiB, v1.2–1.2"
+    assert one_value_ranges(kept) == kept
 
 
 @pytest.mark.parametrize("page", sorted(p.name for p in (REFERENCE / "report" / "details").glob(

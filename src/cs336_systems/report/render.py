@@ -100,9 +100,19 @@ def _template(template: str | Path, link_base: str | Path) -> jinja2.Template:
     return env.get_template(str(template))
 
 
+# A range whose ends print alike ('1.30x–1.30x', '1.30x to 1.30x' of factors): one value.
+_ONE_VALUE_RANGE = re.compile(r"(?<![\w.])(\d[\d.,]*(?:x|%)?)–\1(?![\w.])"
+                              r"|(?<![\w.])(\d[\d.,]*x)\s+to\s+\2(?![\w.])")
+
+
+def one_value_ranges(text: str) -> str:
+    """`text` with every range whose two ends print the same written as that one value."""
+    return _ONE_VALUE_RANGE.sub(lambda m: m.group(1) or m.group(2), text)
+
+
 def render(template: str | Path, facts: dict, link_base: str | Path = ".") -> str:
     """`template` (a path, or a name under templates/) filled with `facts`."""
-    return _template(template, link_base).render(**facts)
+    return one_value_ranges(_template(template, link_base).render(**facts))
 
 
 def glance(template: str | Path, facts: dict, problem: str, link_base: str | Path = ".") -> str:
@@ -112,7 +122,7 @@ def glance(template: str | Path, facts: dict, problem: str, link_base: str | Pat
     if not hasattr(module, "glance"):
         raise ValueError(f"{template} defines no glance(problem) macro: the writeup's first "
                          f"table takes each problem's one-line answer from it")
-    return " ".join(str(module.glance(problem)).split())
+    return one_value_ranges(" ".join(str(module.glance(problem)).split()))
 
 
 # Prose is rewrapped to this width: a template's lines break where its source does, which
