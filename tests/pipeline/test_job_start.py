@@ -170,6 +170,23 @@ def test_the_header_counts_each_record_once_in_its_first_section(tmp_path):
     assert total["gpus_busy"] is None  # measured one at a time, before placement was recorded
 
 
+def test_skipped_jobs_are_counted_but_not_in_the_start_up_share(tmp_path):
+    def record(name, status, startup, measuring):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"status": status, "env": {"job_time": {
+            "startup_s": startup, "measuring_s": measuring, "stages_s": {}}}}))
+        return str(path)
+
+    rows = section_rows([("memory", record_times([record("a", "skipped", 0.3, 0.0),
+                                                  record("b", "skipped", 0.2, 0.0)])),
+                         ("flash", record_times([record("c", "ok", 1.0, 3.0),
+                                                 record("d", "skipped", 5.0, 0.0)]))])["rows"]
+    memory, flash = rows
+    assert (memory["jobs"], memory["skipped"], memory["startup_share"]) == (2, 2, None)
+    assert (flash["jobs"], flash["skipped"], flash["startup_s"]) == (2, 1, 6.0)
+    assert flash["startup_share"] == pytest.approx(1.0 / 4.0)
+
+
 def test_the_header_says_how_many_gpus_jobs_held_at_once(tmp_path):
     def record(name, busy):
         path = tmp_path / f"{name}.json"

@@ -29,7 +29,8 @@ def record_times(paths: Iterable[str]) -> dict[str, dict]:
         job_time = record.get("env", {}).get("job_time") if isinstance(record, dict) else None
         if job_time:
             times[str(path)] = {"startup_s": job_time["startup_s"],
-                                "measuring_s": job_time["measuring_s"]}
+                                "measuring_s": job_time["measuring_s"],
+                                "skipped": record.get("status") == "skipped"}
             if placement := record["env"].get("placement"):
                 times[str(path)]["gpus_busy"] = placement["busy"]
                 times[str(path)]["gpu_pool"] = placement["pool"]
@@ -52,13 +53,18 @@ def section_rows(sections: list[tuple[str, dict[str, dict]]]) -> dict:
 
 def _row(name: str, times: list[dict]) -> dict:
     """One row; `gpus_busy` is the most GPUs that jobs held at once when one of these started
-    (pipeline.gpus), of a machine's `gpu_pool`, where the records say (else None)."""
+    (pipeline.gpus), of a machine's `gpu_pool`, where the records say (else None). The start-up
+    share is of the jobs that measured: a skipped job starts and measures nothing, so a section
+    whose jobs were all skipped has none."""
     startup = [t["startup_s"] for t in times]
-    measuring = sum(t["measuring_s"] for t in times)
+    measured = [t for t in times if not t.get("skipped")]
+    measured_startup = sum(t["startup_s"] for t in measured)
+    measuring = sum(t["measuring_s"] for t in measured)
     placed = [t for t in times if "gpus_busy" in t]
-    return {"section": name, "jobs": len(times), "startup_s": sum(startup),
+    return {"section": name, "jobs": len(times), "skipped": len(times) - len(measured),
+            "startup_s": sum(startup),
             "gpus_busy": max((t["gpus_busy"] for t in placed), default=None),
             "gpu_pool": max((t["gpu_pool"] for t in placed), default=None),
             "measuring_s": measuring, "startup_median_s": statistics.median(startup),
-            "startup_share": sum(startup) / (sum(startup) + measuring)
-            if sum(startup) + measuring > 0 else None}
+            "startup_share": measured_startup / (measured_startup + measuring)
+            if measured_startup + measuring > 0 else None}
