@@ -411,7 +411,7 @@ def test_the_report_on_cpu_records(cpu_records, tmp_path):
     facts, text = _build([out / "rmsnorm.json"], [out / "block_h4.json", out / "block_h2.json"],
                          tmp_path)
     assert facts["coverage"]["autograd_residuals"]["status"] == "partly answered"
-    assert "not in this preset: block size 2.7b" in facts["coverage"]["autograd_residuals"]["note"]
+    assert "not in this preset: block size xl" in facts["coverage"]["autograd_residuals"]["note"]
     f = facts["f"]["contexts"]
     assert [e["num_heads"] for e in f] == [4] and f[0]["agrees"] and f[0]["gradient_agrees"]
     assert len(f[0]["top"]) == 5 and 0 < f[0]["top_share"] < 1

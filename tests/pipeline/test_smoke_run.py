@@ -52,7 +52,10 @@ def test_writeup_holds_the_benchmark_table_with_measured_numbers(smoke_run):
     writeup, details, run = _read(smoke_run)
     assert "| preset | smoke |" in run and "| device | cpu |" in run
     # where the run's time went: every measuring job of the run, by section
-    total = re.search(r"^\| all \| (\d+) \| [\d.]+ \| [\d.]+ \| \d+ \|$", run, re.M)
+    total = re.search(r"^\| all \| (\d+) \| \d+ \| [\d.]+ \| [\d.]+ \| \d+ \|$", run, re.M)
+    # a section whose jobs were all skipped (no CUDA) measured nothing: no start-up share
+    assert re.search(r"^\| memory \| (\d+) \| \1 \| [\d.]+ \| 0.00 \| none measured \|$",
+                     run, re.M)
     records = [p for p in (smoke_run / "results/smoke").rglob("*.json")
                if "sections" not in p.parts and "status" in json.loads(p.read_text())]
     assert total and int(total.group(1)) == len(records)
@@ -108,11 +111,25 @@ def test_writeup_opens_with_every_problem_and_its_answer(smoke_run):
             assert "| _skipped_" in row or "| _not implemented yet_" in row, row
     assert "| `memory_profiling` | 1.5 | _skipped_: memory history needs CUDA" in text
     assert re.search(r"\| \[`fsdp_accounting`\]\(#fsdp_accounting\) \| 6.2 \(2026\) "
-                     r"\|.*_Partly: this preset runs size tiny \(the assignment's 2.7b\)", text)
+                     r"\|.*_Partly: this preset runs size tiny \(the assignment's xl\)", text)
     assert re.search(r"\| \[`nsys_profile`\]\(#nsys_profile\) \| 1.2 "
-                     r"\|.*_Partly: not in this preset: sizes small, 2.7b", text)
+                     r"\|.*_Partly: not in this preset: sizes small, xl", text)
     assert re.search(r"\| \[`benchmarking_script`\]\(#benchmarking_script\) \| 1.1 "
                      r"\| A fp32 training step at context 32 takes [\d.]+ ms \(tiny\)", text)
+
+
+def test_the_smoke_writeup_reads_cleanly(smoke_run):
+    writeup, details, _ = _read(smoke_run)
+    pages = sorted((smoke_run / "report").rglob("*.md"))
+    assert len(pages) > 10
+    for page in pages:
+        text = page.read_text()
+        assert "\n\n\n" not in text, page
+        assert not re.search(r"\b1 warm-up steps\b|\bon 1 GPU\b", text)
+        assert not re.search(r"(?<![\w.])(\d[\d.]*x)(–|\s+to\s+)\1(?![\w.])", text)
+    # the two tiny shapes have two names; the size note's names, never the config's keys
+    assert "`tiny-8b`" in details
+    assert not re.search(r"sizes [^;|_]*\b2\.7b\b", writeup)
 
 
 def test_writeup_holds_every_mixed_precision_table(smoke_run):

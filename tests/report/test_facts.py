@@ -68,3 +68,13 @@ def test_every_problem_gets_a_row_and_unknown_claims_are_refused():
     assert all(r["status"] == "not implemented yet" for r in rows[1:])
     with pytest.raises(ValueError, match="the assignment does not have: \\['made_up'\\]"):
         coverage_rows({"made_up": covered()})
+
+
+def test_what_a_preset_leaves_out_is_named_with_the_writeups_size_names():
+    from cs336_systems.report.facts import not_in_preset
+
+    note = not_in_preset({"sizes": (["small", "xl", "2.7b", "10b"], pd.Series(["small"])),
+                          "contexts": ([128, 1024], [128, 1024])},
+                         more=["", "no cuDNN rows"])
+    assert note == "not in this preset: sizes xl-2025, xl, 10B; no cuDNN rows"
+    assert not_in_preset({"d": ([16], [16])}, lead="not in this sweep") == ""

@@ -141,7 +141,7 @@ def test_known_answers_from_cuda_records(cuda_records, tmp_path):
         "the profiler (1 of 1 configurations inside its spread)" in answers
     assert "A matrix multiply leads the forward's kernels in 1 of 1 configurations" in answers
     assert "lower than in the forward in 1 of 1 configurations." in answers
-    assert "per FLOP 20.0x to 20.0x slower." in answers
+    assert "per FLOP 20.0x slower." in answers
 
 
 @pytest.mark.parametrize("name, short", [

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from cs336_systems.lm.sizes import size_label
 from cs336_systems.records import write_text_atomic
 
 
@@ -140,6 +142,21 @@ def not_ok(rows: pd.DataFrame, keys: list[str]) -> list[dict]:
     bad = rows[rows["status"] != "ok"]
     return [{**{k: r[k] for k in keys}, "status": r["status"], "reason": reason(r["message"])}
             for _, r in bad.iterrows()]
+
+
+def not_in_preset(axes: dict, more: Iterable[str] = (), lead: str = "not in this preset") -> str:
+    """What of the full matrix a preset leaves out, for a coverage note: `axes` maps a name to
+    (the values the assignment wants, the values the rows have); each wanted value the rows lack
+    is named (a model size as the writeup names it), then each of `more` that is not ''. '' when
+    nothing is left out: 'not in this preset: sizes xl, 10B; contexts 1024'."""
+    parts = []
+    for what, (wanted, have) in axes.items():
+        have = set(have)
+        gone = [size_label(v) for v in wanted if v not in have]
+        if gone:
+            parts.append(f"{what} {', '.join(map(str, gone))}")
+    parts += [m for m in more if m]
+    return f"{lead}: " + "; ".join(parts) if parts else ""
 
 
 def covered(records: pd.DataFrame | None = None, missing: str = "", anchor: str = "",

@@ -18,6 +18,7 @@ from cs336_systems.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import (
     covered,
+    not_in_preset,
     not_ok,
     overhead_bound,
     overhead_rule,
@@ -336,14 +337,12 @@ def model_compile_summary(rows: list[dict]) -> dict:
 def _left_out(table: pd.DataFrame, models: pd.DataFrame, assignment: dict) -> tuple[str, str]:
     """What of the full matrix (the config's defaults) this preset leaves out: of the
     attention sweep, and of the sweep plus the whole-model sizes."""
-    def missing(name, wanted, have):
-        gone = [w for w in wanted if w not in set(have)]
-        return f"{name} {', '.join(map(str, gone))}" if gone else ""
-    sweep = "; ".join(filter(None, [missing("d", assignment["d_heads"], table["d"]),
-                                    missing("seq", assignment["seq_lengths"], table["seq"])]))
-    sizes = missing("sizes", assignment["model_compile"]["sizes"], models["size"])
-    sweep = f"not in this preset's sweep: {sweep}" if sweep else ""
-    return sweep, "; ".join(filter(None, [sweep, f"whole model: {sizes}" if sizes else ""]))
+    sweep = not_in_preset({"d": (assignment["d_heads"], table["d"]),
+                           "seq": (assignment["seq_lengths"], table["seq"])},
+                          lead="not in this preset's sweep")
+    sizes = not_in_preset({"sizes": (assignment["model_compile"]["sizes"], models["size"])},
+                          lead="whole model")
+    return sweep, "; ".join(filter(None, [sweep, sizes]))
 
 
 def timing_range(ok: pd.DataFrame) -> dict | None:

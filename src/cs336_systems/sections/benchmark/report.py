@@ -11,12 +11,12 @@ from pathlib import Path
 import pandas as pd
 
 from cs336_systems.lm.model import MODEL_SIZES
-from cs336_systems.lm.sizes import size_label
 from cs336_systems.lm.step import MODES
 from cs336_systems.records import read_record
 from cs336_systems.report import figures
 from cs336_systems.report.facts import (
     covered,
+    not_in_preset,
     not_ok,
     overhead_bound,
     overhead_rule,
@@ -294,15 +294,11 @@ def size_table(table: pd.DataFrame) -> str:
 
 def left_out(table: pd.DataFrame, assignment: dict) -> str:
     """What of the assignment's matrix (the config's defaults) the run did not include."""
-    missing = {
-        "sizes": [size_label(s) for s in assignment["sizes"] if s not in set(table["size"])],
-        "contexts": [c for c in assignment["context_lengths"]
-                     if c not in set(table["context_length"])],
-        "warm-up counts": [w for w in assignment["warmup_ablation"]["warmup_steps"]
-                           if w not in set(table["warmup_steps"])],
-    }
-    parts = [f"{what} {', '.join(map(str, values))}" for what, values in missing.items() if values]
-    return ("not in this preset: " + "; ".join(parts)) if parts else ""
+    return not_in_preset({
+        "sizes": (assignment["sizes"], table["size"]),
+        "contexts": (assignment["context_lengths"], table["context_length"]),
+        "warm-up counts": (assignment["warmup_ablation"]["warmup_steps"], table["warmup_steps"]),
+    })
 
 
 def facts(table: pd.DataFrame, outputs: dict[str, str], assignment: dict) -> dict:

@@ -20,10 +20,11 @@ from cs336_systems.analysis import checkpoint_trees as ckpt
 from cs336_systems.analysis.checkpoint_trees import OPTIMAL
 from cs336_systems.analysis.memory_model import block_residuals
 from cs336_systems.lm.model import MODEL_SIZES
+from cs336_systems.lm.sizes import size_label
 from cs336_systems.measure.memory import GIB, PEAK_SOURCES
 from cs336_systems.records import read_record
 from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, not_ok, reason, speedup
+from cs336_systems.report.facts import covered, not_in_preset, not_ok, reason, speedup
 from cs336_systems.report.render import fmt, fmt_ratio
 from cs336_systems.report.tables import (
     ensure_columns,
@@ -459,16 +460,14 @@ def left_out(frame: pd.DataFrame, assignment: dict) -> str:
     if frame.empty:
         return ""
     first = frame.iloc[0]
-    parts = []
-    missing = [block_label(k) for k in assignment["block_sizes"]
-               if block_label(k) not in set(frame["block_size"])]
-    if missing:
-        parts.append("block sizes " + ", ".join(missing))
-    for key, what in (("size", "size"), ("context_length", "context"), ("batch_size", "batch"),
-                      ("mode", "mode"), ("precision", "precision")):
-        if first[key] != assignment[key]:
-            parts.append(f"{what} {assignment[key]} (ran {first[key]})")
-    return ("not in this preset: " + "; ".join(parts)) if parts else ""
+    return not_in_preset(
+        {"block sizes": ([block_label(k) for k in assignment["block_sizes"]],
+                         frame["block_size"])},
+        more=[f"{what} {size_label(assignment[key])} (ran {size_label(first[key])})"
+              for key, what in (("size", "size"), ("context_length", "context"),
+                                ("batch_size", "batch"), ("mode", "mode"),
+                                ("precision", "precision"))
+              if first[key] != assignment[key]])
 
 
 def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:

@@ -22,6 +22,7 @@ from cs336_systems.report import figures
 from cs336_systems.report.facts import (
     covered,
     jsonable,
+    not_in_preset,
     not_ok,
     overhead_bound,
     overhead_rule,
@@ -315,17 +316,12 @@ def _interpreted(table: pd.DataFrame) -> bool:
 def sweep_gap(table: pd.DataFrame, assignment: dict) -> str:
     """What of the assignment's flash_benchmarking sweep (`assignment`: the config's
     `defaults.flash`) this table leaves out ('' if none)."""
-    gaps = []
-    for name, key in (("seq", "seq_lengths"), ("d", "d_heads"), ("dtype", "dtypes")):
-        absent = [v for v in assignment[key] if v not in set(table[name].dropna().tolist())]
-        if absent:
-            gaps.append(f"{name} {', '.join(map(str, absent))}")
-    for impl in assignment["attention"]:
-        if impl not in set(table["attention"]):
-            gaps.append(f"no {attention_label(impl)} rows")
-    if not gaps:
-        return ""
-    return "not in this preset's sweep: " + "; ".join(gaps)
+    return not_in_preset(
+        {name: (assignment[key], table[name].dropna().tolist())
+         for name, key in (("seq", "seq_lengths"), ("d", "d_heads"), ("dtype", "dtypes"))},
+        more=[f"no {attention_label(impl)} rows" for impl in assignment["attention"]
+              if impl not in set(table["attention"])],
+        lead="not in this preset's sweep")
 
 
 def leaderboard_shape(board: pd.DataFrame) -> dict | None:

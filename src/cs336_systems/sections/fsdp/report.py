@@ -16,6 +16,7 @@ import pandas as pd
 
 from cs336_systems.analysis.memory_model import analytic_peak, step_memory
 from cs336_systems.distributed.variants import FSDP_VARIANTS, TRAINING_PHASES
+from cs336_systems.lm.sizes import size_label
 from cs336_systems.measure.memory import GIB
 from cs336_systems.records import read_record
 from cs336_systems.report import figures
@@ -191,8 +192,10 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
                   if not waited.empty else ""}
 
     assignment = options.get("assignment", {})
-    departs = [f"{key} {shape.get(key)} (the assignment's {assignment[key]})"
-               for key in SHAPE_KEYS if key in assignment and shape and shape.get(key) != assignment[key]]
+    departs = [f"{key} {size_label(shape.get(key))} (the assignment's "
+               f"{size_label(assignment[key])})"
+               for key in SHAPE_KEYS
+               if key in assignment and shape and shape.get(key) != assignment[key]]
     missing = "this preset runs " + ", ".join(departs) if departs else ""
     ours = frame[frame["variant"] == OURS]
     no_timing = "" if timing else "no gather timing: it needs a CUDA profile of the FSDP job"

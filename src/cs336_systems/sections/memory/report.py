@@ -25,7 +25,7 @@ from cs336_systems.measure.memory import GIB
 from cs336_systems.measure.memory_timeline import PREEXISTING, Timeline
 from cs336_systems.records import read_record
 from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, not_ok, reason
+from cs336_systems.report.facts import covered, not_in_preset, not_ok, reason
 from cs336_systems.report.tables import (
     ensure_columns,
     env_summary,
@@ -431,15 +431,10 @@ def largest_facts(largest: pd.DataFrame, chosen: list[dict]) -> dict:
 # --- the section -----------------------------------------------------------------------------
 
 def left_out(frame: pd.DataFrame, assignment: dict) -> str:
-    missing = {"sizes": [size_label(s) for s in assignment["sizes"]
-                         if s not in set(frame["size"])],
-               "contexts": [c for c in assignment["context_lengths"]
-                            if c not in set(frame["context_length"])],
-               "modes": [m for m in assignment["modes"] if m not in set(frame["mode"])],
-               "precisions": [p for p in assignment["precisions"]
-                              if p not in set(frame["precision"])]}
-    parts = [f"{what} {', '.join(map(str, v))}" for what, v in missing.items() if v]
-    return ("not in this preset: " + "; ".join(parts)) if parts else ""
+    return not_in_preset({"sizes": (assignment["sizes"], frame["size"]),
+                          "contexts": (assignment["context_lengths"], frame["context_length"]),
+                          "modes": (assignment["modes"], frame["mode"]),
+                          "precisions": (assignment["precisions"], frame["precision"])})
 
 
 def files(frame: pd.DataFrame) -> list[dict]:

@@ -18,7 +18,7 @@ from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.step import MODES
 from cs336_systems.records import read_record
 from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, not_ok, reason
+from cs336_systems.report.facts import covered, not_in_preset, not_ok, reason
 from cs336_systems.report.render import fmt
 from cs336_systems.report.tables import (
     ensure_columns,
@@ -349,12 +349,9 @@ def breakdown_figure(summary: pd.DataFrame, path: str) -> None:
 # --- the section -----------------------------------------------------------------------------
 
 def left_out(summary: pd.DataFrame, assignment: dict) -> str:
-    missing = {"sizes": [s for s in assignment["sizes"] if s not in set(summary["size"])],
-               "contexts": [c for c in assignment["context_lengths"]
-                            if c not in set(summary["context_length"])],
-               "modes": [m for m in assignment["modes"] if m not in set(summary["mode"])]}
-    parts = [f"{what} {', '.join(map(str, v))}" for what, v in missing.items() if v]
-    return ("not in this preset: " + "; ".join(parts)) if parts else ""
+    return not_in_preset({"sizes": (assignment["sizes"], summary["size"]),
+                          "contexts": (assignment["context_lengths"], summary["context_length"]),
+                          "modes": (assignment["modes"], summary["mode"])})
 
 
 def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:

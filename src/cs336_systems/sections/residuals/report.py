@@ -19,7 +19,7 @@ from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.sizes import size_label
 from cs336_systems.records import read_record
 from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, not_ok
+from cs336_systems.report.facts import covered, not_in_preset, not_ok
 from cs336_systems.report.tables import (
     ENV_COLUMNS,
     ensure_columns,
@@ -437,23 +437,15 @@ def left_out(records: list[dict], assignment: dict) -> str:
     norm = [r["config"] for r in records if r["config"]["target"] == "rmsnorm"]
     want = assignment["block"]
     own = MODEL_SIZES[want["size"]].num_heads
-    missing = []
-    if not any(c["size"] == want["size"] for c in block):
-        missing.append(f"block size {want['size']}")
-    contexts = [c for c in want["context_lengths"]
-                if c not in {b["context_length"] for b in block}]
-    measured_heads = {b["num_heads"] for b in block}
-    heads = [h or own for h in want["num_heads"] if (h or own) not in measured_heads]
-    variants = [v for v in want["variants"] if v not in {b["variant"] for b in block}]
-    for what, values in (("block contexts", contexts), ("heads", heads),
-                         ("block variants", variants)):
-        if values:
-            missing.append(f"{what} {', '.join(map(str, values))}")
     shape = assignment["rmsnorm"]
-    if not any(all(c[k] == v for k, v in shape.items()) for c in norm):
-        missing.append("the RMSNorm at " + " x ".join(
-            str(shape[k]) for k in ("batch_size", "context_length", "d_model")))
-    return ("not in this preset: " + "; ".join(missing)) if missing else ""
+    return not_in_preset(
+        {"block size": ([want["size"]], [b["size"] for b in block]),
+         "block contexts": (want["context_lengths"], [b["context_length"] for b in block]),
+         "heads": ([h or own for h in want["num_heads"]], [b["num_heads"] for b in block]),
+         "block variants": (want["variants"], [b["variant"] for b in block])},
+        more=["the RMSNorm at " + " x ".join(
+            str(shape[k]) for k in ("batch_size", "context_length", "d_model"))
+            if not any(all(c[k] == v for k, v in shape.items()) for c in norm) else ""])
 
 
 # --- the section -----------------------------------------------------------------------------
