@@ -22,7 +22,8 @@ EXPORTS = {
     "TransformerLM": "cs336_systems.lm.model",
     "build_model": "cs336_systems.lm.model",
     "parameter_count": "cs336_systems.lm.model",
-    "AdamW": "cs336_systems.lm.optimizer",
+    "AdamW": "cs336_systems.lm.adamw",
+    "FusedAdamW": "cs336_systems.lm.fused_adamw",
 }
 __getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
 __all__ = list(EXPORTS)

@@ -2,7 +2,7 @@
 costs nothing it does not use: `import cs336_systems.pipeline.jobs` loads no torch, and
 `cs336_systems.kernels.checks` no Triton kernels.
 
-    EXPORTS = {"AdamW": "cs336_systems.lm.optimizer", ...}
+    EXPORTS = {"AdamW": "cs336_systems.lm.adamw", ...}
     __getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
 
 `cs336_systems.pipeline.sources` reads the same `EXPORTS` literal to follow `from package import

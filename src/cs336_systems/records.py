@@ -42,6 +42,11 @@ def git_commit() -> str:
         return "unknown"
 
 
+class Skip(Exception):
+    """Raised by an experiment that cannot run here (e.g. GPU-only on a CPU machine): its record
+    is `skipped`, with this message as the reason (`pipeline.records.run_and_record`)."""
+
+
 class DamagedRecord(ValueError):
     """A record file that is not a record: it names the file, what is wrong with it and the
     command that measures its configuration again."""

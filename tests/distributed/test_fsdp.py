@@ -36,7 +36,7 @@ from torch import nn
 from cs336_systems.distributed import FSDP
 from cs336_systems.distributed import fsdp as fsdp_module
 from cs336_systems.lm import model as lm
-from cs336_systems.lm.optimizer import AdamW
+from cs336_systems.lm.adamw import AdamW
 
 VOCAB, D_MODEL, D_HIDDEN = 33, 16, 25  # odd row counts: the last rank's shard is padded
 STEPS, REPEATS = 3, 3

@@ -1,19 +1,16 @@
-"""The fused AdamW (kernels/adamw.py) against the readable AdamW and torch's, over several steps
-on fresh random parameters and gradients: fp32, bf16 gradients of fp32 masters, tensors larger
-than one chunk, several groups, and what the kernel refuses. On a CPU it runs under Triton's
-interpreter."""
+"""The fused AdamW (lm/fused_adamw.py over kernels/adamw.py) against the readable AdamW and
+torch's, over several steps on fresh random parameters and gradients: fp32, bf16 gradients of
+fp32 masters, tensors larger than one chunk, several groups, and what the kernel refuses. On a
+CPU it runs under Triton's interpreter."""
 
 import pytest
 import torch
 from conftest import DEVICE
 
-from cs336_systems.kernels.adamw import BLOCK, CHUNK, FusedAdamW, Plan
-from cs336_systems.lm.optimizer import (
-    OPTIMIZERS,
-    AdamW,
-    build_optimizer,
-    optimizer_modules,
-)
+from cs336_systems.kernels.adamw import BLOCK, CHUNK, Plan
+from cs336_systems.lm.adamw import AdamW
+from cs336_systems.lm.fused_adamw import FusedAdamW
+from cs336_systems.lm.optimizer import OPTIMIZERS, build_optimizer, optimizer_modules
 
 # odd sizes, a tensor of more than one chunk, one of whole blocks and a tail, a 1-element and
 # a 2-D one
@@ -165,8 +162,10 @@ def test_what_the_kernel_refuses_it_says():
 def test_the_registry_builds_each_optimizer_and_names_its_kernel():
     assert list(OPTIMIZERS) == ["adamw", "adamw-fused", "adamw-offloaded", "torch-adamw-fused"]
     assert isinstance(build_optimizer("adamw-fused", _params([(3,)])), FusedAdamW)
-    assert optimizer_modules("adamw-fused") == ["cs336_systems.kernels.adamw"]
+    assert optimizer_modules("adamw-fused") == ["cs336_systems.kernels.adamw",
+                                                "cs336_systems.lm.fused_adamw"]
     assert optimizer_modules("adamw-offloaded") == ["cs336_systems.kernels.adamw",
+                                                    "cs336_systems.lm.fused_adamw",
                                                     "cs336_systems.lm.offloaded_adamw"]
     assert optimizer_modules("adamw") == []
     with pytest.raises(ValueError, match="unknown optimizer 'sgd'; allowed: adamw, adamw-fused"):

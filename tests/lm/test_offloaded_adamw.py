@@ -9,7 +9,7 @@ import torch
 from conftest import DEVICE
 from support.distributed import run_on_ranks, save_result
 
-from cs336_systems.kernels.adamw import FusedAdamW
+from cs336_systems.lm.fused_adamw import FusedAdamW
 from cs336_systems.lm.build import cpu_unavailable_reason
 from cs336_systems.lm.levers import LanguageModelLoss
 from cs336_systems.lm.model import TransformerLM

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 from cs336_systems.lm.loss import cross_entropy
 from cs336_systems.lm.model import VOCAB_SIZE, build_model
-from cs336_systems.lm.optimizer import AdamW
+from cs336_systems.lm.adamw import AdamW
 
 
 def _train(optimizer_cls, steps=6, **kwargs):

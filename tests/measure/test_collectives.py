@@ -4,8 +4,9 @@ synthetic traces whose answers are known."""
 
 import pytest
 
-from cs336_systems.distributed.fsdp import FORWARD_RANGE, GATHER_RANGE
 from cs336_systems.measure.collectives import (
+    FORWARD_RANGE,
+    GATHER_RANGE,
     gather_timing,
     is_collective,
     overlap_metrics,

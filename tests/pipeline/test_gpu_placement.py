@@ -11,11 +11,12 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from support.checkout import ROOT
 
 from cs336_systems.measure import job_clock
 from cs336_systems.pipeline import gpus
-from cs336_systems.pipeline.jobs import Files, Job, run
+from cs336_systems.pipeline.jobs import Files, Job
+from cs336_systems.pipeline.jobserver import run
+from support.checkout import ROOT
 
 POOL = ["0", "1", "2"]
 

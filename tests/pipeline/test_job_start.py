@@ -12,7 +12,8 @@ import pytest
 
 from cs336_systems.measure import job_clock
 from cs336_systems.pipeline import jobserver
-from cs336_systems.pipeline.jobs import Files, Job, run
+from cs336_systems.pipeline.jobs import Files, Job
+from cs336_systems.pipeline.jobserver import run
 from cs336_systems.report.job_times import record_times, section_rows
 from support.checkout import ROOT
 

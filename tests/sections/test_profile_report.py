@@ -137,7 +137,7 @@ def test_known_answers_from_cuda_records(cuda_records, tmp_path):
     # the answers open the section, from the same facts
     flat = " ".join(text.split())
     answers = flat[flat.index("**Answers.**"):flat.index("`python -m")]
-    assert "**(a)** The profiled forward's span is 0.98x to 0.98x the harness's time without " \
+    assert "**(a)** The profiled forward's span is 0.98x the harness's time without " \
         "the profiler (1 of 1 configurations inside its spread)" in answers
     assert "A matrix multiply leads the forward's kernels in 1 of 1 configurations" in answers
     assert "lower than in the forward in 1 of 1 configurations." in answers

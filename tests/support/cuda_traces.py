@@ -1,6 +1,6 @@
 """Synthetic CUDA profiler traces whose answers are known (FSDP's gather timing)."""
 
-from cs336_systems.distributed.fsdp import FORWARD_RANGE, GATHER_RANGE
+from cs336_systems.measure.collectives import FORWARD_RANGE, GATHER_RANGE
 
 
 class Trace:

@@ -11,7 +11,7 @@ entered = time.time()
 sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1] / "src"))  # noqa: F821
 
 from cs336_systems.measure import job_clock  # noqa: E402
-from cs336_systems.pipeline import jobs  # noqa: E402
+from cs336_systems.pipeline import jobs, jobserver  # noqa: E402
 
 # Snakemake writes the script it runs (this one behind its preamble) when it dispatches the job:
 # its mtime is the job's start. (`__file__` names workflow/scripts/job.py instead.)
@@ -19,4 +19,4 @@ job_clock.mark("dispatched", Path(sys.argv[0]).stat().st_mtime)
 if (started := job_clock.process_started()) is not None:
     job_clock.mark("process", started)
 job_clock.mark("entry", entered)
-sys.exit(jobs.run(jobs.Job.from_snakemake(snakemake)))  # noqa: F821
+sys.exit(jobserver.run(jobs.Job.from_snakemake(snakemake)))  # noqa: F821

@@ -76,6 +76,7 @@ from torch.profiler import record_function
 
 from cs336_systems.distributed.launch import require_initialized
 from cs336_systems.distributed.naive import broadcast_parameters
+from cs336_systems.measure.collectives import FORWARD_RANGE, GATHER_RANGE
 
 # torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor (same signatures) and warns
 # on the old names; older releases (2.11) only have the old ones. Both work on gloo and nccl.
@@ -86,10 +87,9 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 # full gradient is freed instead of every layer's living until the end of backward.
 REDUCE_WINDOW = 2
 
-# The profiler ranges FSDP opens, each followed by a space and the weight's or module's name.
-GATHER_RANGE = "fsdp.all_gather"
+# The profiler ranges FSDP opens, each followed by a space and the weight's or module's name:
+# the gather and forward ranges are the ones `measure.collectives.gather_timing` reads.
 REGATHER_RANGE = "fsdp.regather"
-FORWARD_RANGE = "fsdp.forward"
 
 
 def is_sharded_layer(module: nn.Module) -> bool:

@@ -1,4 +1,5 @@
-"""Kernels: FlashAttention-2 in PyTorch and Triton, the fused AdamW, the Triton weighted sum.
+"""Kernels: FlashAttention-2 in PyTorch and Triton, the fused AdamW's pass (its optimizer is
+`lm.fused_adamw.FusedAdamW`), the Triton weighted sum.
 
 The names below are imported on first use: `kernels.checks` (shape checks) loads no Triton.
 On a machine without CUDA, importing this package sets TRITON_INTERPRET=1 (unless set), so that
@@ -14,7 +15,6 @@ EXPORTS = {
     "FlashAttentionPytorch": "cs336_systems.kernels.flash_pytorch",
     "FlashAttentionTriton": "cs336_systems.kernels.flash_triton",
     "FlashAttentionTritonTorchBackward": "cs336_systems.kernels.flash_triton",
-    "FusedAdamW": "cs336_systems.kernels.adamw",
     "WeightedSumFn": "cs336_systems.kernels.weighted_sum",
     "weighted_sum": "cs336_systems.kernels.weighted_sum",
 }

@@ -1,5 +1,5 @@
-"""AdamW in one Triton pass over every parameter: `FusedAdamW`, the update of
-`cs336_systems.lm.optimizer.AdamW` with no temporaries and one launch per parameter group.
+"""AdamW in one Triton pass over many tensors: the kernel under `lm.fused_adamw.FusedAdamW`,
+the update of `lm.adamw.AdamW` with no temporaries, one launch per `Plan`.
 
 Each element is read once (p, g, m, v) and written once (p, m, v): 28 bytes for fp32 state and
 gradients, 24 with bf16 gradients, which is the floor of the step's memory traffic. The update,
@@ -18,17 +18,13 @@ wide; a tensor that is not 16-byte aligned is refused by `check_fusable`. The ta
 parameters and moments (`Plan`) are built once and kept on the device; each step sends only
 the gradients' offsets, so a step costs the host a loop over the parameters and one launch.
 
-With working copies (`FusedAdamW.hold_masters`), the parameter the model computes with is a
-bf16 copy, its fp32 master lives in the optimizer's state, and the same pass writes the copy
-from the updated master (2 bytes more per element); the forward then reads bf16 weights and the
-backward makes bf16 gradients, where autocast would cast every weight down and every gradient
-up each step (6 bytes per element each way).
+With working copies (a Plan's `copies`), the same pass writes each parameter's bf16 copy from
+its updated fp32 value (2 bytes more per element).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +32,6 @@ import triton
 import triton.language as tl
 
 from cs336_systems.kernels.checks import require_triton_device
-from cs336_systems.lm.optimizer import AdamW
 
 # The launch shape, from scripts/sweep_adamw.py on the 2.7b's 3.41e9 parameters (chunk 65536 to
 # 1048576 x block 2048 to 8192 x 8 to 32 warps). One H200 (ec2631ab09c8, loads unmasked but in
@@ -212,91 +207,7 @@ def adamw_step(params: list[torch.Tensor], grads: list[torch.Tensor],
                                             eps=eps, weight_decay=weight_decay)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of a sharded tensor (a DTensor, as FSDP2 makes parameters), else `t`:
     AdamW is elementwise, so each rank steps its own shard."""
     return t.to_local() if hasattr(t, "to_local") else t
-
-
-class FusedAdamW(AdamW):
-    """`AdamW` (same hyperparameters, same update) as one fused Triton pass per parameter
-    group and dtype: no temporaries, one launch per step for each. Gradients may be of a lower
-    precision than the parameters (bf16 gradients of fp32 masters, where torch allows them);
-    with `hold_masters`, parameters are bf16 working copies of fp32 masters kept here."""
-
-    def __init__(self, params: Iterable, lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        self._plans: dict[tuple, Plan] = {}
-
-    @torch.no_grad()
-    def hold_masters(self, params: Iterable[torch.Tensor], dtype: torch.dtype) -> None:
-        """Make each of `params` (fp32 parameters of this optimizer) a `dtype` working copy of
-        itself: its fp32 value moves into this optimizer's state (`master`, which the update
-        steps, as do the moments), the parameter is cast to `dtype` in place (its round to
-        nearest), and each step writes it again from the updated master, in the same pass.
-
-        Under autocast to `dtype`, a matmul's weight is then used as it is rather than cast
-        down each forward, and its gradient arrives in `dtype` rather than cast up each
-        backward; both casts were exact functions of the master and of the gradient, so the
-        update is the same (tests/kernels/test_adamw_kernel.py checks it bit for bit). Only
-        weights that autocast casts belong here (a matmul's, not a norm's or an embedding's,
-        which autocast leaves in fp32)."""
-        known = {p for group in self.param_groups for p in group["params"]}
-        for p in params:
-            if p not in known:
-                raise ValueError("hold_masters takes parameters of this optimizer")
-            if hasattr(p, "to_local"):
-                raise ValueError("hold_masters takes plain tensors, not sharded ones")
-            if p.dtype != torch.float32:
-                raise ValueError(f"a master is the fp32 parameter; got one of {p.dtype}")
-            if self.state[p]:
-                raise ValueError("hold_masters comes before the first step")
-            self.state[p]["master"] = p.detach().clone()
-            p.data = p.data.to(dtype)
-        self._plans.clear()
-
-    def _stepped_state(self, p: torch.Tensor) -> dict:
-        """As `AdamW`'s, the moments shaped and typed as the master where `p` has one."""
-        state = self.state[p]
-        if "step" not in state:
-            like = state.get("master", p)
-            state["step"] = 0
-            state["exp_avg"] = torch.zeros_like(like, memory_format=torch.contiguous_format)
-            state["exp_avg_sq"] = torch.zeros_like(like, memory_format=torch.contiguous_format)
-        state["step"] += 1
-        return state
-
-    def _update_group(self, group: dict, params: list[torch.Tensor]) -> None:
-        """`AdamW.step` calls this for each group's parameters that have gradients: one launch
-        per (parameter dtype, gradient dtype, device, masters or not, step count)."""
-        by_kind: dict[tuple, list[torch.Tensor]] = {}
-        for p in params:
-            if p.grad.is_sparse:
-                raise ValueError("FusedAdamW does not take sparse gradients")
-            state = self._stepped_state(p)
-            kind = (id(group), p.dtype, p.grad.dtype, p.device, "master" in state,
-                    state["step"])
-            by_kind.setdefault(kind, []).append(p)
-        beta1, beta2 = group["betas"]
-        for kind, ps in by_kind.items():
-            grads = [_local(p.grad) for p in ps]
-            self._plan(kind, ps).step(grads, step=kind[-1], lr=group["lr"], beta1=beta1,
-                                      beta2=beta2, eps=group["eps"],
-                                      weight_decay=group["weight_decay"])
-
-    def _plan(self, kind: tuple, params: list[torch.Tensor]) -> Plan:
-        """The kept plan of these parameters, or a new one where they or their state moved."""
-        exp_avgs = [_local(self.state[p]["exp_avg"]) for p in params]
-        exp_avg_sqs = [_local(self.state[p]["exp_avg_sq"]) for p in params]
-        copies = None
-        if kind[-2]:  # working copies: the update steps the masters and writes the copies
-            params, copies = [self.state[p]["master"] for p in params], params
-        params = [_local(p) for p in params]
-        key = kind[:-1]  # the step count changes every step; the tensors do not
-        plan = self._plans.get(key)
-        if plan is None or plan.key != Plan.describe(params, exp_avgs, exp_avg_sqs,
-                                                     copies or []):
-            plan = self._plans[key] = Plan(params, exp_avgs, exp_avg_sqs, copies)
-        return plan

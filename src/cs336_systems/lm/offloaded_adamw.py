@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from cs336_systems.kernels.adamw import ALIGN, FusedAdamW, Plan, _local
+from cs336_systems.kernels.adamw import ALIGN, Plan, local_tensor
+from cs336_systems.lm.fused_adamw import FusedAdamW
 
 LOOKAHEAD = 3  # groups whose moments are on the GPU at once
 
@@ -94,7 +95,7 @@ class OffloadedAdamW(FusedAdamW):
                 self._add_group(options)
         if not self._groups:
             raise ValueError("OffloadedAdamW needs param groups marked \"offload\": True")
-        self.device = _local(self._groups[0].params[0]).device
+        self.device = local_tensor(self._groups[0].params[0]).device
         cuda = self.device.type == "cuda"
         size = 2 * max(g.numel for g in self._groups)
         self._slots = [torch.zeros(size, device=self.device)
@@ -114,10 +115,10 @@ class OffloadedAdamW(FusedAdamW):
         offsets, numel = [], 0
         for p in params:
             offsets.append(numel)
-            numel += _padded(_local(p).numel())
-        device = _local(params[0]).device
+            numel += _padded(local_tensor(p).numel())
+        device = local_tensor(params[0]).device
         host = torch.zeros(2 * numel, pin_memory=device.type == "cuda")
-        group = _Group([_local(p) for p in params], options, host, offsets, numel)
+        group = _Group([local_tensor(p) for p in params], options, host, offsets, numel)
         index = len(self._groups)
         self._groups.append(group)
         exp_avgs, exp_avg_sqs = group.moments(host)
@@ -182,12 +183,12 @@ class OffloadedAdamW(FusedAdamW):
             torch.cuda.current_stream(self.device).wait_event(group.arrived)
         slot = group.slot
         owners = group.options["params"]
-        params = [_local(p) for p in owners]
+        params = [local_tensor(p) for p in owners]
         exp_avgs, exp_avg_sqs = group.moments(self._slots[slot])
         plan = group.plans.get(slot)
         if plan is None or plan.key != Plan.describe(params, exp_avgs, exp_avg_sqs, []):
             plan = group.plans[slot] = Plan(params, exp_avgs, exp_avg_sqs)
-        grads = [_local(p.grad) for p in owners]
+        grads = [local_tensor(p.grad) for p in owners]
         group.step += 1
         beta1, beta2 = group.options["betas"]
         plan.step(grads, step=group.step, lr=group.options["lr"], beta1=beta1, beta2=beta2,

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-from cs336_systems.distributed.fsdp import FORWARD_RANGE, GATHER_RANGE
 from cs336_systems.measure.intervals import intersection, length, union
 from cs336_systems.measure.profiling import (
     capture,
@@ -37,7 +36,11 @@ NCCL_KERNEL = re.compile(r"^nccl\w*kernel", re.IGNORECASE)
 # Merging compute intervals closer than this (ms) keeps a step's timeline a few hundred
 # intervals long; at 400 ms per step it is far below what a figure resolves.
 TIMELINE_GAP_MS = 0.1
-
+# The profiler ranges that `gather_timing` reads, each followed by a space and a weight's or a
+# module's name: FSDP (`distributed.fsdp`) opens one around each weight's all-gather and one
+# around each sharded module's forward.
+GATHER_RANGE = "fsdp.all_gather"
+FORWARD_RANGE = "fsdp.forward"
 
 def is_collective(name: str) -> bool:
     """The events that do the communication: NCCL's kernels on GPUs (not the `nccl:all_reduce`

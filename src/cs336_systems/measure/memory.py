@@ -63,7 +63,7 @@ def device_gib(device: torch.device | str) -> float | None:
 def cap(device: torch.device | str, gib: float) -> float:
     """Let this process allocate at most `gib` of the device's memory (as if the card had that
     much; `torch.cuda.set_per_process_memory_fraction`). Returns the fraction set."""
-    from cs336_systems.pipeline.records import Skip
+    from cs336_systems.records import Skip
 
     total = device_gib(device)
     if total is None:

@@ -43,6 +43,7 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
+from cs336_systems.paths import SECTIONS
 from cs336_systems.records import DamagedRecord, git_commit
 
 HEAVY_SUFFIXES = (".trace.json.gz", ".nsys-rep", ".pickle.gz", ".snapshot.gz",
@@ -305,7 +306,6 @@ def rerender(archive: str | Path, into: str | Path | None = None, cores: int = 1
     whether it is the archived writeup to the byte."""
     from cs336_systems.records import record_paths
     from cs336_systems.report.record_schemas import check_record_files
-    from cs336_systems.sections import SECTIONS
 
     archive = Path(archive)
     config = yaml.safe_load((checkout / "config.yaml").read_text())

@@ -1,6 +1,6 @@
 """What a Snakemake job runs: `workflow/scripts/job.py` turns the `snakemake` object of the script
-directive into a `Job` and calls `run(job)`, which runs the entry point its rule names in
-`params.job`:
+directive into a `Job` and hands it to `pipeline.jobserver.run`, which runs (through `run_here`)
+the entry point its rule names in `params.job`:
 
     experiment       params.cli (a module with `main(argv)`) on params.args -> one record
     section_tables   a section's report module on its records -> tables, figures, facts JSON
@@ -9,13 +9,13 @@ directive into a `Job` and calls `run(job)`, which runs the entry point its rule
     writeup          header, coverage table and the sections in order -> report/writeup.md
     archive          the preset's results, writeup, config and manifest -> one tarball
 
-`run` first claims the GPUs the job's rule asks for (`pipeline.gpus`: several jobs at once on a
-machine with several GPUs never share one), then hands the job to the job server (`pipeline.jobserver`: a warm process that has imported
-torch and forks a child per job) unless CS336_JOBSERVER=0, and runs it in this process when
-there is none; either way the job runs in a process of its own. Each job sends everything it
-prints, its children's output included, to its `log:` file. Imports are inside the
-functions, so an experiment job loads no report code and vice versa, and importing this
-module loads no torch.
+`jobserver.run` first claims the GPUs the job's rule asks for (`pipeline.gpus`: several jobs at once
+on a machine with several GPUs never share one), then hands the job to the job server (a warm
+process that has imported torch and forks a child per job) unless CS336_JOBSERVER=0, and runs it in
+this process when there is none; either way the job runs in a process of its own. Each job sends
+everything it prints, its children's output included, to its `log:` file. Imports are inside the
+functions, so an experiment job loads no report code and vice versa, and importing this module loads
+no torch.
 """
 
 from __future__ import annotations
@@ -106,22 +106,6 @@ class Job:
         return cls(data["entry"], data["params"], **files, gpus=data.get("gpus", 0))
 
 
-def run(job: Job) -> int:
-    """Run `job` on GPUs of its own (`pipeline.gpus`, where it asks for some) through the job
-    server, or here when there is none; its exit status."""
-    import signal
-
-    from cs336_systems.pipeline import gpus, jobserver, lifeline
-
-    with gpus.placed(job.gpus):
-        job_clock.mark("placed")
-        status = jobserver.submit(job)
-        if status is None:  # no server: the job runs here, and ends with Snakemake
-            lifeline.watch(lambda: os.kill(os.getpid(), signal.SIGTERM))
-            return run_here(job)
-        return status
-
-
 def run_here(job: Job) -> int:
     """Run `job` in this process: 0, or the status its entry point exits with."""
     try:
@@ -190,8 +174,14 @@ def experiment(job: Job) -> None:
         module.main(argv)
 
 
+def report_module(section: str) -> str:
+    """The module a section's tables job runs, as `cs336_systems.sections` lays a section out:
+    the rule names the section, as an experiment's rule names its CLI."""
+    return f"cs336_systems.sections.{section}.report"
+
+
 def section_tables(job: Job) -> None:
-    """Run the report module of section `params.section` (`Section.report`) on the job's named
+    """Run the report module of section `params.section` (`report_module`) on the job's named
     record inputs (all but TABLES_SUPPORT) and write its facts to `output.facts`, with the job
     times of its records (`report.job_times`) for the writeup's header. Every record is first
     checked against its kind's schema (`report.record_schemas`): a damaged one stops the job
@@ -200,7 +190,6 @@ def section_tables(job: Job) -> None:
     from cs336_systems.report.facts import write_facts
     from cs336_systems.report.job_times import record_times
     from cs336_systems.report.record_schemas import check_record_files
-    from cs336_systems.sections import Section
 
     inputs = {k: v for k, v in _named(job.input).items() if k not in TABLES_SUPPORT}
     outputs = {k: v[0] for k, v in _named(job.output).items() if k != "facts"}
@@ -208,8 +197,8 @@ def section_tables(job: Job) -> None:
         with log_to(job.log[0]):
             check_record_files(p for paths in inputs.values() for p in paths
                                if p.endswith(".json"))
-            facts = Section(job.params.section).report().build(inputs, dict(job.params.options),
-                                                               outputs)
+            report = importlib.import_module(report_module(job.params.section))
+            facts = report.build(inputs, dict(job.params.options), outputs)
             facts["job_times"] = record_times(p for paths in inputs.values() for p in paths)
             write_facts(job.output.facts, facts)
     except DamagedRecord as damaged:  # the file and the command that re-measures it, on the

@@ -50,6 +50,7 @@ from pathlib import Path
 from cs336_systems.measure import job_clock
 from cs336_systems.paths import PACKAGE_DIR, SRC_ROOT
 from cs336_systems.pipeline import gpus, lifeline
+from cs336_systems.pipeline.jobs import Job, run_here
 
 IDLE_S = 30.0                 # a server with no job for this long exits
 START_TIMEOUT_S = 180.0       # how long a client waits for a new server to listen
@@ -169,8 +170,20 @@ def _receive(conn: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[
 
 # --- the client -------------------------------------------------------------------------------
 
-def submit(job) -> int | None:
-    """Run `job` (a `jobs.Job`) in a child of this environment's server, starting the server
+def run(job: Job) -> int:
+    """Run `job` on GPUs of its own (`pipeline.gpus`, where it asks for some) through the job
+    server, or here when there is none; its exit status."""
+    with gpus.placed(job.gpus):
+        job_clock.mark("placed")
+        status = submit(job)
+        if status is None:  # no server: the job runs here, and ends with Snakemake
+            lifeline.watch(lambda: os.kill(os.getpid(), signal.SIGTERM))
+            return run_here(job)
+        return status
+
+
+def submit(job: Job) -> int | None:
+    """Run `job` in a child of this environment's server, starting the server
     if there is none; the child's exit status, or None when no server can be had."""
     if not enabled() or (folder := runtime_dir()) is None:
         return None
@@ -355,7 +368,6 @@ def _child(conn: socket.socket) -> None:
         job_clock.mark("forked")
         _send(conn, {"pid": os.getpid()})
         threading.Thread(target=_end_with_client, args=(conn, finished), daemon=True).start()
-        from cs336_systems.pipeline.jobs import Job, run_here
         status = run_here(Job.from_dict(request["job"]))
     except BaseException:  # noqa: BLE001 - the client must hear of every failure
         import traceback

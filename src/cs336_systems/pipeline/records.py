@@ -21,13 +21,9 @@ import torch
 
 from cs336_systems.measure import job_clock
 from cs336_systems.pipeline import gpus
-from cs336_systems.records import STATUSES, git_commit, unwritable, write_json_atomic
+from cs336_systems.records import STATUSES, Skip, git_commit, unwritable, write_json_atomic
 
 log = logging.getLogger("cs336_systems")
-
-
-class Skip(Exception):
-    """Raised by an experiment that cannot run here (e.g. GPU-only on a CPU machine)."""
 
 
 class OutOfMemoryIn(torch.OutOfMemoryError):

@@ -17,7 +17,8 @@ A section is one folder here, one rules file and one config block:
     workflow/rules/<name>.smk      its jobs and its `<name>_tables` rule
     config.yaml: defaults.<name>   its matrix (with its schema in workflow/schemas/)
 
-Adding a section adds those and its name to `SECTIONS`; nothing else central changes (the
+Adding a section adds those and its name to `SECTIONS` (defined in `cs336_systems.paths`, below
+every module that needs it); nothing else central changes (the
 Snakefile includes every rules file of this list, `report.smk` renders every section with one
 rule, and the writeup concatenates them in this order). `Section(name)` finds each file where
 this docstring says, and `tests/pipeline/test_sections.py` holds every section to it.
@@ -30,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-SECTIONS: tuple[str, ...] = ("benchmark", "profile", "mixed_precision", "memory", "residuals",
-                             "checkpointing", "attention", "flash", "training", "distributed",
-                             "fsdp", "parallelism", "leaderboard")
+from cs336_systems.paths import SECTIONS
+
+__all__ = ["SECTIONS", "Section", "SectionReport"]
 
 HERE = Path(__file__).resolve().parent
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from cs336_systems.distributed.training import communicate_fn, wrap_ddp
 from cs336_systems.lm.loss import cross_entropy
 from cs336_systems.lm.model import MODEL_SIZES, build_model
-from cs336_systems.lm.optimizer import AdamW
+from cs336_systems.lm.adamw import AdamW
 from cs336_systems.lm.step import random_batch
 from cs336_systems.pipeline.cli import add_common_arguments, positive_int
 from cs336_systems.pipeline.torchrun import launch_or_work
