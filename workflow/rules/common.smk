@@ -2,9 +2,9 @@
 #
 # Every rule runs workflow/scripts/job.py (Snakemake's script directive) with `params.job`
 # naming its entry point in cs336_systems.pipeline.jobs: `experiment` (params.cli on params.args ->
-# one record), `section_tables`, `section_markdown`, `writeup` or `archive`. Jobs run in the
-# Python that runs Snakemake (scripts/setup.sh's .venv, or a GPU box's own CUDA build of
-# PyTorch); every rule also names SOFTWARE, the same packages as a conda environment, for
+# one record), `section_tables`, `section_markdown`, `section_details`, `writeup` or `archive`.
+# Jobs run in the Python that runs Snakemake (scripts/setup.sh's .venv, or a GPU box's own CUDA
+# build of PyTorch); every rule also names SOFTWARE, the same packages as a conda environment, for
 # `--software-deployment-method conda` (and for `snakemake --lint`, which asks it of each rule).
 
 import os

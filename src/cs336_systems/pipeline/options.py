@@ -1,5 +1,5 @@
 """Option sets that several section CLIs share: one LM step's (the keys
-`cs336_systems.lm.step.build_lm_step` reads) and one data-parallel training benchmark's (the
+`cs336_systems.lm.build.build_lm_step` reads) and one data-parallel training benchmark's (the
 DDP and FSDP benchmarks'). Each CLI adds its own options beside them."""
 
 from __future__ import annotations

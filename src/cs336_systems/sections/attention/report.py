@@ -1,7 +1,7 @@
 """pytorch_attention and torch_compile (assignment 3.1, 3.2): tables, a figure and facts.
 
 `build` is the section's report module entry (see `cs336_systems.sections`); the prose
-is in `templates/attention.md.j2`. Inputs: the attention records (eager and compiled, per
+is in `template.md.j2`. Inputs: the attention records (eager and compiled, per
 memory cap), the benchmark records of the whole model compiled and vanilla, and the flash
 section's table (whose measured memory shows how tiling removes the quadratic term).
 """

@@ -3,7 +3,7 @@ identical blocks, from the simulator over N and from real blocks; (b) one level 
 recomputation at the LM's full size: peak memory and step time per block size.
 
 `build` is the section's report module entry (see `cs336_systems.sections`); the prose
-is in `templates/checkpointing.md.j2`. Inputs: the step records (one per block size, `none`
+is in `template.md.j2`. Inputs: the step records (one per block size, `none`
 for no checkpointing) and the nested-strategy record of real blocks; the simulation itself is
 computed here from `cs336_systems.analysis.checkpoint_trees` (pure Python, no record), with the units of
 `options["simulation"]`.

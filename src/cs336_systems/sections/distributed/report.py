@@ -2,7 +2,7 @@
 
 `build(records, options, outputs)` reads the all-reduce, DDP (and the DDP check against
 single-process training), sharded-optimizer and communication-accounting records, writes their
-tables (CSV) and three figures, and returns the facts that `templates/distributed.md.j2` turns
+tables (CSV) and three figures, and returns the facts that `template.md.j2` turns
 into the section: every number, ratio and verdict of the prose is computed here. The DDP
 overlap figure and numbers come from the records alone: the experiment reduced rank 0's trace
 to them on the GPU machine (the traces stay out of git). `options["assignment"]` is the assignment's own matrix

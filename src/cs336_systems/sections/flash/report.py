@@ -4,7 +4,7 @@ facts, from the records of `cs336_systems.sections.flash.time_flash`, the speed 
 from the records of `kernel_profile`).
 
 `build` is the section's entry point (`cs336_systems.pipeline.jobs.section_tables`); its facts are
-rendered by `templates/flash.md.j2`. `options["assignment"]` is the assignment's own matrix (the
+rendered by `template.md.j2`. `options["assignment"]` is the assignment's own matrix (the
 config's `defaults.flash`): what of it this preset leaves out goes into the coverage notes.
 Speed-ups are ratios of do_bench medians (one number per cell, no spread), so no fact claims a
 difference is beyond noise. Throughput is in TFLOP/s of the FlashAttention-2 paper's count

@@ -2,7 +2,7 @@
 
 `build(records, options, outputs)` reads one record per FSDP variant (this project's FSDP,
 torch's fully_shard, bucketed DDP), all of one shape from one job matrix, and returns the facts
-of `templates/fsdp.md.j2`: step time and per-rank peak of each variant against torch's, (a) the
+of `template.md.j2`: step time and per-rank peak of each variant against torch's, (a) the
 peak saving expected from the sharding breakdown (the analytic model of `memory_model`, with
 the sharded bytes divided over the ranks) beside the measured one, and (b) per forward use of a
 sharded layer, whether its all-gather finished before the layer could start, from the FSDP

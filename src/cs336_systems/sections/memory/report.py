@@ -3,7 +3,7 @@ activation and the largest allocations, from the memory records, with the analyt
 (`memory_model`) beside every measured peak. Part (f) is the `residuals` section's.
 
 `build` is the section's report module entry (see `cs336_systems.sections`); the prose
-is in `templates/memory.md.j2`. Each record holds one configuration's peaks (the allocator's,
+is in `template.md.j2`. Each record holds one configuration's peaks (the allocator's,
 allocated and reserved), the stage of the peak, the live bytes at the peak by category, the
 largest allocations with the source lines that made them and the count of residual-sized
 allocations; the compact timeline beside it (`<record>.timeline.json.gz`) is what the figures

@@ -2,7 +2,7 @@
 a figure and facts.
 
 `build` is the section's report module entry (see `cs336_systems.sections`); the prose
-is in `templates/mixed_precision.md.j2`. Inputs: the accumulation record, one toy-model record
+is in `template.md.j2`. Inputs: the accumulation record, one toy-model record
 per autocast dtype, the LayerNorm record, and the benchmark's main-sweep records in fp32 and
 bf16 (part (c): bf16 autocast against fp32, every size).
 """

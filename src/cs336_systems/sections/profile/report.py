@@ -1,7 +1,7 @@
 """nsys_profile (assignment 1.2): where a step's device time goes, from the profile records.
 
 `build` is the section's report module entry (see `cs336_systems.sections`); the prose
-is in `templates/profile.md.j2`. Each record holds the harness's timing of its configuration
+is in `template.md.j2`. Each record holds the harness's timing of its configuration
 and, from the profiled steps, device time by (kernel, step range, attention part): CUDA kernels
 on a GPU, ATen ops' CPU self time on a CPU. "Per step" below is per profiled step.
 """

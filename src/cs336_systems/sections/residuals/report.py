@@ -2,7 +2,7 @@
 one TransformerBlock save for backward, eager and compiled, against the analytic model.
 
 `build` is the section's report module entry (see `cs336_systems.sections`); the prose
-is in `templates/residuals.md.j2`. Inputs: the RMSNorm records (one per variant) and the block
+is in `template.md.j2`. Inputs: the RMSNorm records (one per variant) and the block
 records (one per context, heads and variant), each listing every saved storage and the
 operations that saved them (`cs336_systems.measure.saved_tensors`). Storages are also sorted into tensor
 kinds by their element count: (B, T, d_model), (B, T, d_ff), the attention probabilities
