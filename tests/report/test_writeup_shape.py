@@ -125,7 +125,7 @@ def test_a_range_whose_ends_print_alike_is_one_value():
     assert one_value_ranges("the step is 1.30x–1.30x vanilla's speed; 58–58% of it") == \
         "the step is 1.30x vanilla's speed; 58% of it"
     assert one_value_ranges("1.30x to\n1.30x gloo's time, 0.5–0.5 ms") == "1.30x gloo's time, 0.5 ms"
-    kept = "1.3x–1.30x, 58–60%, 12–12.5, from 2.00 to 2.00 GiB, v1.2–1.2"
+    kept = "1.3x–1.30x, 58–60%, 12–12.5, from 2.00 to 2.00 GiB, v1.2–1.2\n| 6.5 [6.5–6.5] |"
     assert one_value_ranges(kept) == kept
 
 

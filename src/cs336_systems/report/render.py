@@ -106,8 +106,19 @@ _ONE_VALUE_RANGE = re.compile(r"(?<![\w.])(\d[\d.,]*(?:x|%)?)–\1(?![\w.])"
 
 
 def one_value_ranges(text: str) -> str:
-    """`text` with every range whose two ends print the same written as that one value."""
-    return _ONE_VALUE_RANGE.sub(lambda m: m.group(1) or m.group(2), text)
+    """`text` with every range of its prose whose two ends print the same written as that one
+    value; a table keeps its columns' form ('[min–max]' in every row)."""
+    out, prose = [], []
+    for line in [*text.split("\n"), None]:  # None: the end, which flushes the last prose
+        if line is not None and not line.lstrip().startswith("|"):
+            prose.append(line)
+            continue
+        if prose:
+            out.append(_ONE_VALUE_RANGE.sub(lambda m: m.group(1) or m.group(2), "\n".join(prose)))
+            prose = []
+        if line is not None:
+            out.append(line)
+    return "\n".join(out)
 
 
 def render(template: str | Path, facts: dict, link_base: str | Path = ".") -> str:
