@@ -56,6 +56,10 @@ def main() -> None:
         steps["main_job_s"], _ = timed(".venv/bin/snakemake --cores 1 report/writeup.md", clone)
         steps["main_job_again_s"], _ = timed(".venv/bin/snakemake --cores 1 report/writeup.md",
                                              clone)
+        # the figures so far stand in the clone while its tests run (a file the docs name
+        # must exist); the README's own tests, which check them, run once they are whole
+        write(record(commit, {**steps, "quick_tests_s": 0.0, "quick_tests_passed": 0,
+                              "tests_s": 0.0, "tests_passed": 0, "tests_skipped": 0}), clone)
         steps["quick_tests_s"], out = timed(
             f'.venv/bin/python -m pytest -m "not pipeline" -q --ignore={readme_tests}', clone)
         steps["quick_tests_passed"], _ = counts(out)
