@@ -168,7 +168,7 @@ def test_band_polygon_traces_the_steps():
                              [5, 6], [3, 6], [3, 12], [0, 12]]
 
 
-def test_drawing_twenty_thousand_events_is_fast(tmp_path):
+def test_drawing_twenty_thousand_events_is_fast(tmp_path, real_figures):
     import time
 
     tl = _random_timeline(random.Random(3), events_target=20_000)

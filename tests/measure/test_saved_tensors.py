@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from torch import nn
 
 from cs336_systems.analysis.memory_model import (
@@ -41,10 +40,10 @@ from cs336_systems.records import write_json_atomic
 from cs336_systems.report.facts import jsonable
 from cs336_systems.sections.residuals import count_saved as experiment
 from cs336_systems.sections.residuals import report as section
-from support.checkout import ROOT
+from support.checkout import project_yaml
 from support.sections import section_text
 
-DEFAULTS = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]
+DEFAULTS = project_yaml()["defaults"]
 MIB = 2**20
 
 

@@ -1,6 +1,5 @@
 
 import pytest
-import yaml
 
 from cs336_systems.pipeline.config import (
     ConfigError,
@@ -8,14 +7,14 @@ from cs336_systems.pipeline.config import (
     resolve_preset,
     validate,
 )
-from support.checkout import ROOT
+from support.checkout import ROOT, project_yaml
 
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
 
 
 @pytest.fixture
 def config():
-    return yaml.safe_load((ROOT / "config.yaml").read_text())
+    return project_yaml()
 
 
 def test_shipped_config_is_valid(config):

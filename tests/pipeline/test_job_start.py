@@ -91,6 +91,7 @@ def server_on(monkeypatch):
     monkeypatch.setenv("CS336_JOBSERVER", "1")
 
 
+@pytest.mark.pipeline  # a job end to end through a server process of its own
 def test_a_job_runs_in_a_forked_child_of_the_server(server_on, tmp_path):
     job = _study_job(tmp_path)
     job_clock.restore({"entry": time.time()})  # as workflow/scripts/job.py marks it
@@ -104,6 +105,7 @@ def test_a_job_runs_in_a_forked_child_of_the_server(server_on, tmp_path):
     assert "job time: start-up" in log
 
 
+@pytest.mark.pipeline  # a job end to end through a server process of its own
 def test_a_failing_job_returns_its_status_through_the_server(server_on, tmp_path):
     job = _study_job(tmp_path, ("steps", -1))  # argparse refuses it: exit status 2
     assert run(job) == 2
@@ -111,6 +113,7 @@ def test_a_failing_job_returns_its_status_through_the_server(server_on, tmp_path
     assert not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.pipeline  # a job end to end through a server process of its own
 def test_a_server_that_exits_idle_leaves_nothing_behind(server_on, tmp_path, monkeypatch):
     """Its socket, lock and log lie in the runtime folder and go when it exits."""
     monkeypatch.setattr(jobserver, "IDLE_S", 1.0)

@@ -6,14 +6,13 @@ import inspect
 import re
 
 import pytest
-import yaml
 
 from cs336_systems.sections import SECTIONS, Section, SectionReport
-from support.checkout import ROOT
+from support.checkout import ROOT, project_yaml
 
 RULES = ROOT / "workflow/rules"
-CONFIG = yaml.safe_load((ROOT / "config.yaml").read_text())
-SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+CONFIG = project_yaml()
+SCHEMA = project_yaml("workflow/schemas/config.schema.yaml")
 
 
 def _rules(name: str) -> str:

@@ -3,7 +3,6 @@
 import argparse
 
 import pytest
-import yaml
 
 from cs336_systems.distributed.launch import BACKENDS
 from cs336_systems.distributed.variants import DDP_VARIANTS, FSDP_VARIANTS
@@ -15,6 +14,7 @@ from cs336_systems.lm.attention import (
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.optimizer import FLAT_OPTIMIZERS
 from cs336_systems.lm.precision import PRECISIONS
+from cs336_systems.lm.sizes import LEADERBOARD_SHAPES
 from cs336_systems.lm.step import MODES
 from cs336_systems.sections.benchmark import time_step as benchmark
 from cs336_systems.sections.checkpointing import (
@@ -24,16 +24,15 @@ from cs336_systems.sections.checkpointing import time_checkpointing as checkpoin
 from cs336_systems.sections.distributed import time_allreduce as allreduce
 from cs336_systems.sections.distributed import time_ddp as ddp
 from cs336_systems.sections.flash import time_flash as flash
+from cs336_systems.sections.leaderboard.runs import VARIANTS as LEADERBOARD_VARIANTS
 from cs336_systems.sections.memory import record_memory as memory
 from cs336_systems.sections.mixed_precision import run_study as mixed_precision
 from cs336_systems.sections.profile import profile_step as profile
 from cs336_systems.sections.residuals import count_saved as residuals
-from cs336_systems.lm.sizes import LEADERBOARD_SHAPES
-from cs336_systems.sections.leaderboard.runs import VARIANTS as LEADERBOARD_VARIANTS
 from cs336_systems.sections.training.runs import RUNS
-from support.checkout import ROOT
+from support.checkout import project_yaml
 
-SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+SCHEMA = project_yaml("workflow/schemas/config.schema.yaml")
 
 
 @pytest.mark.parametrize("definition, names", [

@@ -40,14 +40,20 @@ def test_no_test_count_outside_the_rendered_block():
     assert not stale, f"README.md states test counts outside its rendered block: {stale}"
 
 
+# The block names the commit it was measured at, so a test or two added since is history, not a
+# wrong figure; a suite that grew or shrank by more than this is due a new measurement.
+COUNT_DRIFT = 0.05
+
+
 @pytest.mark.pipeline
-def test_the_measured_test_counts_are_the_suites_size_now():
+def test_the_measured_test_counts_are_near_the_suites_size_now():
     collected = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
          "-p", "no:cacheprovider"],
         cwd=costs.CHECKOUT, capture_output=True, text=True, check=True).stdout
     total = int(re.search(r"(\d+) tests? collected", collected).group(1))
     steps = json.loads(costs.COSTS.read_text())["steps"]
-    assert steps["tests_passed"] + steps["tests_skipped"] == total, (
-        f"docs/costs.json counts {steps['tests_passed'] + steps['tests_skipped']} tests and the "
-        f"suite has {total}: measure again with scripts/measure_costs.py")
+    measured = steps["tests_passed"] + steps["tests_skipped"]
+    assert abs(measured - total) <= COUNT_DRIFT * total, (
+        f"docs/costs.json counts {measured} tests and the suite has {total}: measure again with "
+        "scripts/measure_costs.py")

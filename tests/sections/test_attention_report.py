@@ -6,17 +6,16 @@ import statistics
 
 import numpy as np
 import pytest
-import yaml
 
 from cs336_systems.analysis.attention_memory import eager_attention_bytes
 from cs336_systems.report.facts import jsonable
 from cs336_systems.sections.attention import report as attention
 from cs336_systems.sections.flash import report as flash
-from support.checkout import ROOT
+from support.checkout import ROOT, project_yaml
 from support.sections import section_text
 
 QUICK = ROOT / "docs/reference-run/results/quick"
-DEFAULTS = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]
+DEFAULTS = project_yaml()["defaults"]
 
 
 def _metrics(name):

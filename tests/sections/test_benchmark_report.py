@@ -6,15 +6,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from cs336_systems.report.facts import jsonable
 from cs336_systems.sections.benchmark import report as benchmark
-from support.checkout import ROOT
+from support.checkout import ROOT, project_yaml
 from support.sections import section_text
 
 OPTIONS = {"main_warmup_steps": 5,
-           "assignment": yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["benchmark"]}
+           "assignment": project_yaml()["defaults"]["benchmark"]}
 RECORDS = sorted((ROOT / "docs/reference-run/results/quick/benchmark")
                  .glob("*.json"))
 

@@ -4,16 +4,15 @@ table on synthetic records whose answers are known (an out-of-memory row among t
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cs336_systems.pipeline.records import make_record
 from cs336_systems.records import write_json_atomic
 from cs336_systems.report.facts import jsonable
 from cs336_systems.sections.checkpointing import report as section
-from support.checkout import ROOT
+from support.checkout import project_yaml
 from support.sections import section_text
 
-DEFAULTS = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["checkpointing"]
+DEFAULTS = project_yaml()["defaults"]["checkpointing"]
 SIMULATION = {"max_blocks": 16, "brute_force_max_blocks": 3, "activations": 1, "boundary": 1}
 ENV = {"device": "cuda", "gpu": "NVIDIA H200", "torch": "2.11", "triton": "3.5", "git": "abc"}
 CONFIG = {"size": "2.7b", "context_length": 2048, "batch_size": 4, "mode": "forward-backward",

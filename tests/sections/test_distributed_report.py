@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 from cs336_systems.distributed.variants import DDP_VARIANTS
 from cs336_systems.pipeline.records import make_record
@@ -20,12 +19,12 @@ from cs336_systems.report.coverage import PROBLEM_KEYS
 from cs336_systems.report.facts import jsonable
 from cs336_systems.report.render import fmt_ratio
 from cs336_systems.sections.distributed.report import build, fit_latency_bandwidth
-from support.checkout import ROOT
+from support.checkout import ROOT, project_yaml
 from support.sections import section_text
 
 REFERENCE = ROOT / "docs/reference-run/results/quick"
 # The assignment's matrix, as the distributed_tables rule passes it: the config's defaults.
-ASSIGNMENT = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["distributed"]
+ASSIGNMENT = project_yaml()["defaults"]["distributed"]
 OUTPUTS = {"allreduce_table": "tables/allreduce.csv", "ddp_table": "tables/ddp.csv",
            "sharded_table": "tables/sharded_optimizer.csv",
            "accounting_table": "tables/communication_accounting.csv",

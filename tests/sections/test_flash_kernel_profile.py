@@ -8,17 +8,16 @@ import statistics
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cs336_systems.records import read_record
 from cs336_systems.report.facts import read_facts, write_facts
 from cs336_systems.sections.flash import kernel_profile, kernel_table
 from cs336_systems.sections.flash import report as flash
-from support.checkout import ROOT
+from support.checkout import project_yaml
 from support.sections import section_text
 
 UNIT_TFLOP = 0.55
-ASSIGNMENT = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["flash"]
+ASSIGNMENT = project_yaml()["defaults"]["flash"]
 GPU_ENV = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "torch": "2.x", "triton": "3.x",
            "git": "abc123"}
 BINARIES = {"flash_fwd_kernel": {"warps": 8, "registers": 178, "spills": 0, "shared_kib": 160.0,

@@ -9,17 +9,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from cs336_systems.report.facts import jsonable, read_facts, write_facts
 from cs336_systems.report.render import fmt, fmt_ratio
 from cs336_systems.sections.flash import report as flash
-from support.checkout import ROOT
+from support.checkout import ROOT, project_yaml
 from support.sections import section_text
 
 REFERENCE = ROOT / "docs/reference-run/results/quick"
 # The assignment's matrix, as the flash_tables rule passes it: the config's defaults.
-ASSIGNMENT = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["flash"]
+ASSIGNMENT = project_yaml()["defaults"]["flash"]
 FLASH_RECORDS = sorted(str(p) for p in (REFERENCE / "flash").glob("*.json"))
 BOARD_RECORDS = sorted(str(p) for p in (REFERENCE / "flash_leaderboard").glob("*.json"))
 CPU_ENV = {"device": "cpu", "gpu": None, "torch": "2.x", "triton": None, "git": "abc"}

@@ -12,7 +12,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-import yaml
 
 from cs336_systems.pipeline.config import merged_presets
 from cs336_systems.report.facts import read_facts, write_facts
@@ -29,10 +28,10 @@ from cs336_systems.sections.flash.targets import (
     group_case,
     group_runs,
 )
-from support.checkout import ROOT, copy_checkout, stale_jobs
+from support.checkout import ROOT, copy_checkout, project_yaml, stale_jobs
 from support.sections import section_text
 
-CONFIG = yaml.safe_load((ROOT / "config.yaml").read_text())
+CONFIG = project_yaml()
 PRESETS = merged_presets(CONFIG)
 CPU = torch.device("cpu")
 

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from cs336_systems.analysis.memory_model import analytic_peak, step_memory
 from cs336_systems.measure.memory import GIB
@@ -15,11 +14,11 @@ from cs336_systems.records import read_record, write_json_atomic
 from cs336_systems.report.facts import jsonable
 from cs336_systems.sections.memory import record_memory as memory
 from cs336_systems.sections.memory import report as section
-from support.checkout import ROOT
+from support.checkout import project_yaml
 from support.memory_traces import MODEL, PACKAGE, Trace, frames
 from support.sections import section_text
 
-DEFAULTS = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]
+DEFAULTS = project_yaml()["defaults"]
 MIB = 2**20
 D_MODEL = 2560  # 2.7b
 # the SwiGLU's first projection: where an FFN-sized activation comes from
@@ -160,7 +159,7 @@ def cuda_records(tmp_path):
     return paths
 
 
-def test_known_answers_from_cuda_records(cuda_records, tmp_path):
+def test_known_answers_from_cuda_records(cuda_records, tmp_path, real_figures):
     facts, text, outputs = _build(cuda_records, tmp_path)
     assert facts["any_ok"]
     cover = facts["coverage"]["memory_profiling"]
@@ -254,7 +253,7 @@ def test_the_tables_hold_every_record_and_every_largest_row(cuda_records, tmp_pa
     assert f"lm/model.py:{FFN_LINE}" in set(largest["label"]) and len(largest) >= 7
 
 
-def test_a_cpu_run_renders_the_model_and_says_why_nothing_was_measured(tmp_path):
+def test_a_cpu_run_renders_the_model_and_says_why_nothing_was_measured(tmp_path, real_figures):
     paths = []
     for context in (16, 32):
         for mode in ("forward", "train-step"):

@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from cs336_systems.report.facts import jsonable
 from cs336_systems.sections.mixed_precision import report as section
 from cs336_systems.sections.mixed_precision import run_study as experiment
-from support.checkout import ROOT
+from support.checkout import ROOT, project_yaml
 from support.sections import section_text
 
-ASSIGNMENT = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["benchmark"]
+ASSIGNMENT = project_yaml()["defaults"]["benchmark"]
 QUICK = ROOT / "docs/reference-run/results/quick/benchmark"
 OUTPUTS = ("accumulation_table", "toy_model_table", "layernorm_table", "speedup_table")
 

@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.pipeline.records import make_record
@@ -16,10 +15,10 @@ from cs336_systems.report.coverage import PROBLEM_KEYS
 from cs336_systems.report.facts import jsonable
 from cs336_systems.sections.parallelism import check_parallelism as checks_cli
 from cs336_systems.sections.parallelism.report import build
-from support.checkout import ROOT
+from support.checkout import project_yaml
 from support.sections import section_text
 
-CONFIG = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]["parallelism"]
+CONFIG = project_yaml()["defaults"]["parallelism"]
 OPTIONS = {"sizes": ["small", "2.7b"], "batch_tokens": 100_000, "devices": 8,
            "nominal": CONFIG["nominal"]}
 OUTPUTS = {"limits_table": "tables/parallelism_limits.csv",

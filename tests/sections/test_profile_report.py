@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cs336_systems.measure.profiling import is_matmul
 from cs336_systems.pipeline.records import make_record
@@ -13,10 +12,10 @@ from cs336_systems.records import write_json_atomic
 from cs336_systems.report.facts import jsonable
 from cs336_systems.sections.profile import profile_step as profile
 from cs336_systems.sections.profile import report as section
-from support.checkout import ROOT
+from support.checkout import project_yaml
 from support.sections import section_text
 
-DEFAULTS = yaml.safe_load((ROOT / "config.yaml").read_text())["defaults"]
+DEFAULTS = project_yaml()["defaults"]
 GEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_cublas"
 EXP = ("void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::"
        "exp_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::"
