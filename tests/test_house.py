@@ -5,7 +5,14 @@ imports are read from the source, at module level and inside functions."""
 from pathlib import Path
 
 from support.checkout import ROOT
-from support.house import circles, floors_from, package_imports, upward
+from support.house import (
+    circles,
+    entry_points,
+    floors_from,
+    imports_of_entry_points,
+    package_imports,
+    upward,
+)
 
 PACKAGE = ROOT / "src" / "cs336_systems"
 FLOORS = floors_from((ROOT / "docs" / "architecture.md").read_text())
@@ -18,6 +25,14 @@ def test_no_room_imports_one_above_it():
 
 def test_no_modules_import_each_other_in_a_loop():
     assert circles(package_imports(PACKAGE)) == []
+
+
+def test_no_module_imports_a_sections_command_line():
+    """A section's CLI parses its arguments and calls a measuring module; what two jobs share
+    lives in the measuring modules, never in another job's CLI."""
+    clis = {m for m in entry_points(PACKAGE) if m.startswith("cs336_systems.sections.")}
+    problems = imports_of_entry_points(package_imports(PACKAGE), clis)
+    assert not problems, "\n".join(problems)
 
 
 def test_every_room_of_the_package_is_on_a_floor():
@@ -52,3 +67,5 @@ def test_an_upward_import_or_a_loop_is_found_and_named(tmp_path):
         f"stands below high (floor 2)"]
     assert circles(imports) == [["pkg.high.b", "pkg.high.c", "pkg.low.a"]]
     assert upward(imports, [{"low"}], face="pkg")[0].endswith("room 'high' is on no floor")
+    assert imports_of_entry_points(imports, {"pkg.high.c"}) == [
+        f"{package / 'high' / 'b.py'}:2: pkg.high.b imports pkg.high.c (a CLI)"]

@@ -11,7 +11,7 @@ import pytest
 
 from cs336_systems.records import read_record
 from cs336_systems.report.facts import read_facts, write_facts
-from cs336_systems.sections.flash import kernel_profile, kernel_table
+from cs336_systems.sections.flash import kernel_profile, kernel_table, kernel_variants
 from cs336_systems.sections.flash import report as flash
 from support.checkout import project_yaml
 from support.sections import section_text
@@ -30,7 +30,7 @@ BINARIES = {"flash_fwd_kernel": {"warps": 8, "registers": 178, "spills": 0, "sha
 
 
 def _kernel(variant, kernel, step_ms, units=None):
-    return {"variant": variant, "kernel": kernel, "pass": kernel_profile.kernel_pass(kernel),
+    return {"variant": variant, "kernel": kernel, "pass": kernel_variants.kernel_pass(kernel),
             "calls": len(step_ms), "step_ms": list(step_ms), "matmul_units": units}
 
 
@@ -59,7 +59,7 @@ def _write(tmp_path: Path, ours_bwd=(2.4, 3.6), atomic_key=6.0, cudnn=(1.7, 4.6)
         _kernel("sdpa-flash", "void pytorch_flash::flash_fwd_kernel<...>", _steps(3.4, jitter)),
         _kernel("sdpa-flash", "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel",
                 _steps(8.6, jitter))]
-    variants = [{"variant": v, "status": "ok"} for v in kernel_profile.VARIANTS]
+    variants = [{"variant": v, "status": "ok"} for v in kernel_variants.VARIANTS]
     for v in skipped:
         kernels = [k for k in kernels if k["variant"] != v]
         variants = [x if x["variant"] != v else {"variant": v, "status": "skipped",
@@ -68,7 +68,7 @@ def _write(tmp_path: Path, ours_bwd=(2.4, 3.6), atomic_key=6.0, cudnn=(1.7, 4.6)
               "config": {"shape": [int(x) for x in shape.split("x")], "dtype": "bf16",
                          "causal": True, "steps": 3, "seed": 0},
               "metrics": {"kernels": kernels, "variants": variants, "binaries": BINARIES,
-                          "unit_tflop": UNIT_TFLOP, "needed_units": kernel_profile.NEEDED}
+                          "unit_tflop": UNIT_TFLOP, "needed_units": kernel_variants.NEEDED}
               if status == "ok" else {}}
     if status != "ok":
         record["message"] = "a profile of GPU kernels; this job runs on the CPU"
@@ -93,24 +93,24 @@ def _prose(tmp_path: Path, facts: dict) -> str:
 
 
 def test_a_kernels_pass_is_read_from_its_name():
-    assert kernel_profile.kernel_pass("flash_fwd_kernel") == "forward"
-    assert kernel_profile.kernel_pass("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") \
+    assert kernel_variants.kernel_pass("flash_fwd_kernel") == "forward"
+    assert kernel_variants.kernel_pass("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") \
         == "forward"
     for name in ("flash_bwd_kernel", "flash_bwd_dq_kernel", "flash_bwd_prepare_kernel",
                  "cudnn_generated_fort_native_sdpa_sm90_flash_bprop",
                  "void cudnn::fusion::convert_dq_to_16bits<true>"):
-        assert kernel_profile.kernel_pass(name) == "backward", name
+        assert kernel_variants.kernel_pass(name) == "backward", name
 
 
 def test_occupancy_names_what_limits_the_programs_on_a_multiprocessor():
     regs, shared = 65536, 232448  # an H100's registers and shared memory a multiprocessor
-    assert kernel_profile.occupancy(255, 4, 66560, regs, shared) == {
+    assert kernel_variants.occupancy(255, 4, 66560, regs, shared) == {
         "programs_per_sm": 2, "limited_by": "registers"}
-    assert kernel_profile.occupancy(128, 4, 135168, regs, shared) == {
+    assert kernel_variants.occupancy(128, 4, 135168, regs, shared) == {
         "programs_per_sm": 1, "limited_by": "shared memory"}
-    assert kernel_profile.occupancy(178, 8, 163840, regs, shared) == {
+    assert kernel_variants.occupancy(178, 8, 163840, regs, shared) == {
         "programs_per_sm": 1, "limited_by": "registers and shared memory"}
-    assert kernel_profile.occupancy(38, 4, 0, regs, shared)["programs_per_sm"] == 13
+    assert kernel_variants.occupancy(38, 4, 0, regs, shared)["programs_per_sm"] == 13
 
 
 def test_the_job_records_skipped_on_a_cpu(tmp_path):

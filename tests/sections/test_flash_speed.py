@@ -17,7 +17,7 @@ from cs336_systems.pipeline.config import merged_presets
 from cs336_systems.report.facts import read_facts, write_facts
 from cs336_systems.sections.flash import report as flash
 from cs336_systems.sections.flash import speed_table as speed_report
-from cs336_systems.sections.flash import time_targets as flash_speed
+from cs336_systems.sections.flash import speed, time_targets
 from cs336_systems.sections.flash.targets import (
     CLASS_BEST_MS,
     GROUPS,
@@ -101,7 +101,7 @@ def test_targets_compare_as_the_issue_states():
 
 def test_the_job_records_skipped_on_a_cpu(tmp_path):
     out = tmp_path / "r.json"
-    record = flash_speed.main(["--group", "leaderboard", "--shapes", "2x32x16", "--dtype",
+    record = time_targets.main(["--group", "leaderboard", "--shapes", "2x32x16", "--dtype",
                                "fp32", "--device", "cpu", "--output", str(out)])
     assert record["status"] == "skipped" and "CPU" in record["message"]
     assert json.loads(out.read_text())["config"]["shapes"] == [[2, 32, 16]]
@@ -110,13 +110,13 @@ def test_the_job_records_skipped_on_a_cpu(tmp_path):
 def test_a_group_without_shapes_records_skipped():
     config = {"group": "pytorch_sweep", "shapes": [], "dtype": "bf16", "causal": True,
               "rounds": 2, "seed": 0}
-    with pytest.raises(flash_speed.Skip, match="no shape of this preset's flash sweep"):
-        flash_speed.measure(config, torch.device("cuda"))  # checked before any CUDA call
+    with pytest.raises(speed.Skip, match="no shape of this preset's flash sweep"):
+        speed.measure(config, torch.device("cuda"))  # checked before any CUDA call
 
 
 def test_bad_shapes_are_refused(tmp_path):
     with pytest.raises(SystemExit):
-        flash_speed.main(["--group", "forward", "--shapes", "2x32", "--dtype", "bf16",
+        time_targets.main(["--group", "forward", "--shapes", "2x32", "--dtype", "bf16",
                           "--output", str(tmp_path / "r.json")])
 
 
@@ -138,7 +138,7 @@ def test_the_rule_arguments_are_what_the_cli_takes(tmp_path):
         flash_config = PRESETS[preset]["flash"]
         for group in GROUPS:
             args = group_args(group, flash_config)
-            record = flash_speed.main(to_argv({**args, "device": "cpu"})
+            record = time_targets.main(to_argv({**args, "device": "cpu"})
                                       + ["--output", str(tmp_path / f"{group}.json")])
             assert record["status"] == "skipped"
             case = group_case(group, flash_config)
@@ -162,9 +162,9 @@ def test_cold_compile_runs_a_fresh_process_with_empty_caches(monkeypatch):
             assert not folder.exists() or not any(folder.iterdir())
         return _Finished()
 
-    monkeypatch.setattr(flash_speed.subprocess, "run", run)
+    monkeypatch.setattr(speed.subprocess, "run", run)
     config = _config(group="cold_compile", shapes=[[16, 16384, 64]], dtype="bf16")
-    (entry,) = flash_speed.measure_cold_compile(config, CPU)
+    (entry,) = speed.measure_cold_compile(config, CPU)
     assert entry["status"] == "ok" and entry["attention"] == "flash-triton+compile"
     assert entry["first_step_s"] == 12.5 and entry["value"] > 0
     assert seen["command"][1:3] == ["-m", "cs336_systems.sections.flash.cold_compile"]
@@ -177,9 +177,9 @@ def test_cold_compile_past_its_patience_is_a_timeout(monkeypatch):
     def run(command, timeout, **kwargs):
         raise subprocess.TimeoutExpired(command, timeout)
 
-    monkeypatch.setattr(flash_speed.subprocess, "run", run)
+    monkeypatch.setattr(speed.subprocess, "run", run)
     config = _config(group="cold_compile", shapes=[[16, 16384, 64]], dtype="bf16")
-    (entry,) = flash_speed.measure_cold_compile(config, CPU)
+    (entry,) = speed.measure_cold_compile(config, CPU)
     assert entry["status"] == "timeout" and "1200 s" in entry["message"]
 
 
@@ -190,15 +190,15 @@ def _config(**overrides) -> dict:
 
 def test_versus_times_each_implementation_in_interleaved_rounds(monkeypatch):
     calls = []
-    real = flash_speed.benchmark_ms
+    real = speed.benchmark_ms
 
     def spy(fn, device, **kwargs):
         calls.append(fn)
         return real(fn, device, **kwargs)
 
-    monkeypatch.setattr(flash_speed, "benchmark_ms", spy)
+    monkeypatch.setattr(speed, "benchmark_ms", spy)
     impls = [AttentionRun("eager"), AttentionRun("sdpa-flash"), AttentionRun("sdpa-cudnn")]
-    entries = flash_speed.time_versus((1, 32, 16), impls, "forward_backward_ms", _config(), CPU)
+    entries = speed.time_versus((1, 32, 16), impls, "forward_backward_ms", _config(), CPU)
     assert [e["attention"] for e in entries] == ["eager", "sdpa-flash", "sdpa-cudnn"]
     eager, sdpa, cudnn = entries
     # a backend that cannot run here is skipped with SDPA's reason, not an error
@@ -211,7 +211,7 @@ def test_versus_times_each_implementation_in_interleaved_rounds(monkeypatch):
 
 
 def test_an_out_of_memory_ends_only_its_measurement(monkeypatch):
-    real = flash_speed.benchmark_ms
+    real = speed.benchmark_ms
     eager_step = {}
 
     def fail_second(fn, device, **kwargs):
@@ -220,24 +220,24 @@ def test_an_out_of_memory_ends_only_its_measurement(monkeypatch):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8 GiB")
         return real(fn, device, **kwargs)
 
-    monkeypatch.setattr(flash_speed, "benchmark_ms", fail_second)
-    entries = flash_speed.time_versus((1, 32, 16), [AttentionRun("eager"), AttentionRun("sdpa-flash")],
+    monkeypatch.setattr(speed, "benchmark_ms", fail_second)
+    entries = speed.time_versus((1, 32, 16), [AttentionRun("eager"), AttentionRun("sdpa-flash")],
                                       "forward_ms", _config(), CPU)
     assert entries[0]["status"] == "ok" and len(entries[0]["rounds"]) == 3
     assert entries[1]["status"] == "oom" and "out of memory" in entries[1]["message"]
 
 
 def test_longest_halves_the_length_after_an_out_of_memory(monkeypatch):
-    real = flash_speed.attention_inputs
+    real = speed.attention_inputs
 
     def inputs(shape, dtype, device):
         if shape[1] > 32:
             raise torch.OutOfMemoryError("CUDA out of memory.")
         return real(shape, dtype, device)
 
-    monkeypatch.setattr(flash_speed, "attention_inputs", inputs)
-    monkeypatch.setattr(flash_speed, "OURS", "eager")  # the Triton kernels need a GPU here
-    entry = flash_speed.longest_run((1, 128, 16), _config(group="longest"), CPU)
+    monkeypatch.setattr(speed, "attention_inputs", inputs)
+    monkeypatch.setattr(speed, "OURS", "eager")  # the Triton kernels need a GPU here
+    entry = speed.longest_run((1, 128, 16), _config(group="longest"), CPU)
     assert entry["status"] == "ok" and entry["value"] == 32
     assert entry["tried"] == {128: "oom", 64: "oom", 32: "ok"}
     assert entry["forward_backward_ms"] > 0
@@ -531,9 +531,9 @@ def test_a_graph_step_returns_the_gradients_and_leaves_grad_alone():
     q, k, v = (torch.randn(2, 8, 16, requires_grad=True) for _ in range(3))
     grad_o = torch.randn(2, 8, 16)
     attend = get_attention("eager")
-    grads = flash_speed.step_fn(attend, GRAPH_METRIC, (q, k, v, grad_o), True)()
+    grads = speed.step_fn(attend, GRAPH_METRIC, (q, k, v, grad_o), True)()
     assert all(t.grad is None for t in (q, k, v))
-    flash_speed.step_fn(attend, "forward_backward_ms", (q, k, v, grad_o), True)()
+    speed.step_fn(attend, "forward_backward_ms", (q, k, v, grad_o), True)()
     assert all(torch.allclose(g, t.grad) for g, t in zip(grads, (q, k, v)))
     assert {g.metric for g in GROUPS.values() if g.name.endswith("_graph")} == {GRAPH_METRIC}
 

@@ -127,3 +127,16 @@ def circles(imports: list[Import]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return sorted(found)
+
+
+def entry_points(package_dir: Path) -> set[str]:
+    """The package's command lines: modules with an `if __name__ == "__main__":` block."""
+    src_root = package_dir.parent
+    return {module_name(path, src_root) for path in package_dir.rglob("*.py")
+            if re.search(r'^if __name__ == "__main__":', path.read_text(), re.MULTILINE)}
+
+
+def imports_of_entry_points(imports: list[Import], entries: set[str]) -> list[str]:
+    """Each import of a command line by another module, as 'file:line: a imports b (a CLI)'."""
+    return sorted({f"{i.source}:{i.line}: {i.importer} imports {i.imported} (a CLI)"
+                   for i in imports if i.imported in entries and i.importer != i.imported})

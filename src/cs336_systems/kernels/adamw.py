@@ -33,12 +33,8 @@ import triton.language as tl
 
 from cs336_systems.kernels.checks import require_triton_device
 
-# The launch shape, from scripts/sweep_adamw.py on the 2.7b's 3.41e9 parameters (chunk 65536 to
-# 1048576 x block 2048 to 8192 x 8 to 32 warps). One H200 (ec2631ab09c8, loads unmasked but in
-# a chunk's last block): 23.2 ms, 1.04x the copy-bandwidth floor and 0.85x torch's fused AdamW
-# measured beside it (27.4 ms); 8 warps took 24.3 ms, block 8192 with 8 warps 27.3 ms. One H100
-# (masked loads, chunk 65536 or 262144 x block 1024-4096 x 4-16 warps): every shape but one
-# took 32.5 to 33.7 ms, 1.03x the floor at best and 0.90x torch's fused AdamW.
+# The launch shape, the fastest of scripts/sweep_adamw.py's on the 2.7b's parameters (its
+# timings: docs/measurements.md, "The fused AdamW's launch shape").
 CHUNK = 65536   # elements a program updates: a few per SM on the largest weights
 BLOCK = 4096    # elements per load, 8 per thread with 16 warps
 WARPS = 16

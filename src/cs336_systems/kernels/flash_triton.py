@@ -737,16 +737,9 @@ def _flash_attn_fwd_fake(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, preci
 
 # Where dQ comes from: atomic adds from the key-tile kernel (FlashAttention-2's scheme, five
 # matmuls per score tile) or its own kernel over query tiles (seven, adding in a fixed order).
-# On an H100 (scripts/sweep_flash.py, bf16, causal, each with its best of 8 tile sets) its own
-# kernel was the faster on 8 of 10 shapes: 3.68 against 4.50 ms of backward at 16 x 16384 x 64,
-# 6.61 against 6.97 ms at d 128; the atomic adds won at batch 1 x 4096 x 64 (0.105 against
-# 0.116 ms) and tied at 48 x 1000 x 64. So the default is the separate kernel, which is also
-# deterministic; with ATOMIC_DQ set, torch's deterministic-algorithms switch still forces it.
-# Adding each dQ tile with one bulk reduction (a TMA descriptor's atomic_add) instead of an
-# atomic add per element was tried on an H100 (16 x 16384, bf16, causal, the best of 8 tile
-# sets each) and kept neither: 7.06 against 6.99 ms of backward at d 128 (the deterministic
-# kernels: 6.68), 4.35 against 4.50 at d 64 (3.52). The flash section's kernel profile
-# (sections/flash/kernel_profile.py) shows what the atomic key-tile kernel costs instead.
+# The default is its own kernel, deterministic and the faster at long sequences (the timings:
+# docs/measurements.md, "Where dQ comes from"); with ATOMIC_DQ set, torch's
+# deterministic-algorithms switch still forces it.
 ATOMIC_DQ = False
 
 

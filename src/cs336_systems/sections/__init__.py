@@ -3,7 +3,9 @@
 A section is one folder here, one rules file and one config block:
 
     sections/<name>/__init__.py    what the section answers, and its jobs
-    sections/<name>/<job>.py       its CLIs: argument parsing and `run_and_record`, nothing else
+    sections/<name>/<job>.py       its CLIs: argument parsing and `run_and_record`, nothing else;
+                                   what they measure lives in the library or in a measuring
+                                   module of the section, and no module imports a CLI
     sections/<name>/report.py      build(records, options, outputs) -> facts (`SectionReport`)
     sections/<name>/records.yaml   what each kind of record its jobs write holds, with types
                                    (checked when a table reads it: `report.record_schemas`)

@@ -1,5 +1,5 @@
 """The flash section's kernel profile: where one forward+backward spends its GPU time, from the
-records of `flash.kernel_profile` (one per shape).
+records of the `flash_kernels` job (`flash.kernel_profile`, one per shape).
 
 Two views of each record. By kernel (the CSV): each kernel's device milliseconds a step (median
 over the profiled steps, with their standard deviation), the matmul units it executes and at
@@ -19,7 +19,7 @@ from cs336_systems.records import read_record
 from cs336_systems.report.facts import reason, speedup
 from cs336_systems.report.render import fmt
 from cs336_systems.report.tables import to_markdown
-from cs336_systems.sections.flash.kernel_profile import NEEDED, VARIANTS, variant_label
+from cs336_systems.sections.flash.kernel_variants import NEEDED, VARIANTS, variant_label
 
 OURS, ATOMIC, REFERENCE = "flash-triton", "flash-triton-atomic-dq", "sdpa-cudnn"
 KEY_TILE_KERNEL = "flash_bwd_kernel"  # ours whose work changes with atomic dQ

@@ -17,14 +17,19 @@ compiled.
 
 from __future__ import annotations
 
+import argparse
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from cs336_systems.lm.attention import attention_label, attention_modules
 from cs336_systems.lm.sizes import MODEL_SIZES
+from cs336_systems.pipeline.cli import positive_int
 
 OURS = "flash-triton"
+Shape = tuple[int, int, int]  # batch, sequence length, head dimension
+# the cold_compile group's child process: one compiled forward+backward from empty caches
+COLD_COMPILE_CLI = "cs336_systems.sections.flash.cold_compile"
 # The dtype of the targets on the sweep's shapes ("bf16, seq >= 4096, every d in the sweep").
 SWEEP_DTYPE = "bf16"
 # Forward alone is timed at the leaderboard's batch and length with these head dimensions.
@@ -264,4 +269,16 @@ def group_args(group: str, flash: dict) -> dict:
 
 def group_modules(group: str) -> list[str]:
     """The kernel modules the group's implementations import lazily (its rule's sources)."""
-    return sorted({m for impl in group_runs(group) for m in attention_modules(impl.name)})
+    modules = {m for impl in group_runs(group) for m in attention_modules(impl.name)}
+    return sorted(modules | ({COLD_COMPILE_CLI} if group == "cold_compile" else set()))
+
+
+def parse_shape(text: str) -> Shape:
+    """'16x16384x64' -> (16, 16384, 64): batch, sequence length, head dimension."""
+    try:
+        shape = tuple(positive_int(part) for part in text.split("x"))
+    except (ValueError, argparse.ArgumentTypeError) as error:
+        raise argparse.ArgumentTypeError(f"expected BATCHxSEQxD, got {text!r}") from error
+    if len(shape) != 3:
+        raise argparse.ArgumentTypeError(f"expected BATCHxSEQxD, got {text!r}")
+    return shape

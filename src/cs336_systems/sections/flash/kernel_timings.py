@@ -1,0 +1,119 @@
+"""Where one forward+backward of attention spends its GPU time, kernel by kernel, for each
+variant of `kernel_variants` at one shape, in one process (the `flash_kernels` job, whose CLI is
+`kernel_profile`).
+
+Each variant runs its eager forward+backward twice to warm up, then `steps` times inside a
+torch.profiler capture, within a `record_function` range named after it and one per step
+(`measure.profiling.kernel_table` gives each kernel's device time by range): each kernel's
+device milliseconds in each step, so that a table can show the spread from step to step.
+
+For each of our Triton kernels the record also keeps what its compiled binary asks of a
+multiprocessor (warps, registers a thread, spilled registers, shared memory) and how many of
+its programs fit on one at once (`kernel_variants.occupancy`). A GPU-only job: on a CPU it
+records `skipped`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cs336_systems.lm.attention import get_attention, unavailable_reason
+from cs336_systems.lm.precision import PRECISIONS
+from cs336_systems.measure.profiling import capture, kernel_table, trace_events
+from cs336_systems.measure.timing import synchronize
+from cs336_systems.pipeline.records import Skip
+from cs336_systems.sections.flash.kernel_variants import (
+    NEEDED,
+    OUR_MATMULS,
+    OUR_MATMULS_ATOMIC,
+    VARIANTS,
+    kernel_pass,
+    occupancy,
+    unit_flops,
+)
+from cs336_systems.sections.flash.latency import attention_inputs
+
+WARMUP = 2
+
+
+def binaries() -> dict[str, dict]:
+    """What each of our compiled Triton kernels asks of a multiprocessor, by kernel name: the
+    binaries of this process's direct launches (`kernels.launch`), one per signature, the last
+    one compiled of each name (one shape here)."""
+    from triton.runtime import driver
+
+    from cs336_systems.kernels import flash_triton
+    from cs336_systems.kernels.launch import direct
+
+    properties = driver.active.utils.get_device_properties(torch.cuda.current_device())
+    out = {}
+    for kernel in (flash_triton.flash_fwd_kernel, flash_triton.flash_bwd_kernel,
+                   flash_triton.flash_bwd_dq_kernel, flash_triton.flash_bwd_prepare_kernel):
+        for binary, constants in direct(kernel).binaries.values():
+            warps, shared = binary.metadata.num_warps, binary.metadata.shared
+            atomic = dict(zip(kernel.arg_names[-len(constants):], constants)).get("ATOMIC_DQ")
+            name = kernel.__name__ + ("[atomic dQ]" if atomic else "")
+            out[name] = {"warps": warps, "registers": binary.n_regs, "spills": binary.n_spills,
+                         "shared_kib": shared / 1024,
+                         **occupancy(binary.n_regs, warps, shared, properties["max_num_regs"],
+                                     properties["max_shared_mem"])}
+    return out
+
+
+def profile_variants(shape, dtype: torch.dtype, causal: bool, steps: int,
+                     device: torch.device) -> tuple[list[dict], list[dict]]:
+    """(kernels, variants): each kernel's time per step by variant, and each variant's status."""
+    from cs336_systems.kernels import flash_triton
+    q, k, v, grad_o = inputs = attention_inputs(shape, dtype, device)
+    runs, variants = {}, []
+    for variant, (attention, atomic) in VARIANTS.items():
+        if reason := unavailable_reason(attention, q, k, v, causal):
+            variants.append({"variant": variant, "status": "skipped", "message": reason})
+            continue
+        attend = get_attention(attention)
+
+        def step(attend=attend, atomic=atomic):
+            with flash_triton.dq_by_atomic_adds(atomic):  # gradients returned, not added into .grad
+                torch.autograd.grad(attend(q, k, v, causal), (q, k, v), grad_o)
+        for _ in range(WARMUP):
+            step()
+        runs[variant] = step
+        variants.append({"variant": variant, "status": "ok"})
+    synchronize(device)
+    step_names = [f"step {i}" for i in range(steps)]
+    with capture(device) as prof:
+        for variant, step in runs.items():
+            with torch.profiler.record_function(variant):
+                for name in step_names:
+                    with torch.profiler.record_function(name):
+                        step()
+                        synchronize(device)
+    del inputs
+    events = trace_events(prof)
+    rows = [row for row in kernel_table(events, {"variant": list(runs), "step": step_names})
+            if row["variant"] and row["step"]]
+    return rows, variants
+
+
+def measure(config: dict, device: torch.device) -> dict:
+    if device.type != "cuda":
+        raise Skip("a profile of GPU kernels; this job runs on the CPU")
+    shape, dtype, causal, steps = (tuple(config["shape"]), PRECISIONS[config["dtype"]],
+                                   config["causal"], config["steps"])
+    torch.manual_seed(config["seed"])
+    rows, variants = profile_variants(shape, dtype, causal, steps, device)
+    kernels = {}  # (variant, kernel) -> its entry, with its device ms in each step
+    for row in rows:
+        variant, kernel = row["variant"], row["kernel"]
+        if (variant, kernel) not in kernels:
+            atomic = VARIANTS[variant][1]
+            units = (OUR_MATMULS_ATOMIC if atomic else OUR_MATMULS).get(kernel, 0) \
+                if variant.startswith("flash-triton") else None
+            kernels[variant, kernel] = {"variant": variant, "kernel": kernel,
+                                        "pass": kernel_pass(kernel), "calls": 0,
+                                        "step_ms": [0.0] * steps, "matmul_units": units}
+        entry = kernels[variant, kernel]
+        entry["calls"] += row["calls"]
+        entry["step_ms"][int(row["step"].split()[-1])] += row["us"] / 1e3
+    return {"kernels": list(kernels.values()), "variants": variants, "binaries": binaries(),
+            "unit_tflop": unit_flops(shape, causal) / 1e12, "needed_units": NEEDED}
