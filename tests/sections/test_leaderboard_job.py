@@ -26,6 +26,19 @@ def test_a_part_this_machine_lacks_is_skipped_with_the_reason(tmp_path):
     assert "needs CUDA" in record["message"]
 
 
+def test_hugging_faces_stock_step_says_what_it_lacks(tmp_path, monkeypatch):
+    """Without transformers (not a dependency) the stock-hf variant is skipped for that; with
+    it, on a CPU, for the compiled layers and the fused optimizer that need CUDA."""
+    from cs336_systems.lm import hf_llama
+    monkeypatch.setattr(hf_llama.importlib.util, "find_spec", lambda name: None)
+    record = _run(tmp_path, "stock-hf", "--world-size", "1")
+    assert record["status"] == "skipped" and "transformers is not installed" in record["message"]
+    monkeypatch.undo()
+    if hf_llama.unavailable_reason() is None:
+        record = _run(tmp_path, "stock-hf", "--world-size", "1")
+        assert record["status"] == "skipped" and "needs CUDA" in record["message"]
+
+
 def test_the_model_as_written_runs_in_process(tmp_path):
     record = _run(tmp_path, "plain", "--world-size", "1")
     assert record["status"] == "ok", record.get("message")

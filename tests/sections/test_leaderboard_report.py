@@ -71,8 +71,23 @@ def test_the_fastest_variant_against_the_stock_parts(tmp_path):
     assert "1.20x faster than the stock parts" in text
     assert "misses the proxy's target of 0.75x" in text and "with a lower peak" in text
     assert "class's best entry" not in text  # a proxy is no entry
-    assert "With every lever of ours on" in text and "0.90x the stock parts'" in text
+    assert "With every lever of ours on" in text and "0.90x the stock step's" in text
     assert "| 900 / 1620 / 40 " in facts["table"]  # ours' phases, each timed on its own
+
+
+@pytest.mark.parametrize("hf_ms, held_to", [(2800.0, "stock-hf"), (3200.0, "stock")])
+def test_ours_is_held_to_the_faster_stock_step(tmp_path, hf_ms, held_to):
+    paths = [*_matrix(tmp_path), _record(tmp_path, "stock-hf", hf_ms, peak=137.0)]
+    facts, text = _one(tmp_path, paths)
+    against = facts["against"]
+    assert against["stock"] == held_to
+    assert against["ratio"] == pytest.approx(2500 / min(hf_ms, 3000.0))
+    other, other_ms = ("stock", 3000) if held_to == "stock-hf" else ("stock-hf", hf_ms)
+    assert [o["ms"] for o in against["other_stocks"]] == [other_ms]
+    name = section.STOCK_NAMES[held_to]
+    assert f"than {name}, the faster stock step" in text
+    assert f"{section.STOCK_NAMES[other]}: {other_ms:.0f} ms" in text
+    assert facts["best"]["variant"] == "ours-but-cudnn"  # a stock step is never ours
 
 
 def test_a_target_met_and_a_slower_step_read_differently(tmp_path):

@@ -43,6 +43,13 @@ def peak_gib(device: torch.device | str) -> float | None:
     return torch.cuda.max_memory_allocated(device) / GIB if _is_cuda(device) else None
 
 
+def alloc_retries(device: torch.device | str) -> int | None:
+    """How often the CUDA allocator has failed an allocation, freed its cache and tried again
+    (each time a device-wide synchronisation that leaves the GPU waiting for the host)."""
+    return torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if _is_cuda(device) \
+        else None
+
+
 def allocated_gib(device: torch.device | str) -> float | None:
     """Memory held by tensors now."""
     return torch.cuda.memory_allocated(device) / GIB if _is_cuda(device) else None

@@ -2,7 +2,8 @@
 
 A variant is one setting of each lever (`LEVERS`). `stock` is what a user assembles from stock
 parts: SDPA on its fastest backend here (cuDNN), torch's fused AdamW, each layer compiled, full
-activation checkpointing, the whole logits. `ours` turns every lever to this project's part;
+activation checkpointing, the whole logits; `stock-hf` the same parts around Hugging Face's
+Llama of the shape. Each matrix compares ours with the faster of the two. `ours` turns every lever to this project's part;
 each `ours-but-...` (`Lever.without`) turns one lever off (to the stock part, or to eager
 layers), so that its difference from `ours` is what that lever bought. `plain` is the model as written (nothing compiled, nothing
 recomputed): the reference of the input/output check, and the CPU smoke run.
@@ -25,6 +26,9 @@ class LeaderboardVariant:
     recompute: str      # a name of lm.levers.LAYER_RECOMPUTE
     chunked_loss: bool  # LM head and loss a chunk of tokens at a time
     stock: bool = False
+    # "ours" (lm.model.TransformerLM) or "hf-llama": Hugging Face's Llama of the same shape
+    # (lm.hf_llama), whose levers are its own (checkpointing, compiling; SDPA, whole logits)
+    model: str = "ours"
     # with recompute "elementwise": the share of the layers (the last ones) that keep their
     # matmuls' outputs; the others recompute as `others` says (lm.levers.apply_layer_levers)
     selective_share: float = 1.0
@@ -33,7 +37,8 @@ class LeaderboardVariant:
     def modules(self) -> list[str]:
         """Package modules the variant imports lazily (its rule's sources)."""
         return (attention_modules(self.attention) + optimizer_modules(self.optimizer)
-                + ([KERNEL_MODULE] if self.chunked_loss else []))
+                + ([KERNEL_MODULE] if self.chunked_loss else [])
+                + (["cs336_systems.lm.hf_llama"] if self.model == "hf-llama" else []))
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,9 @@ PLAIN = LeaderboardVariant("sdpa", "adamw", compile=False, recompute="none", chu
 
 VARIANTS: dict[str, LeaderboardVariant] = {
     "stock": STOCK,
+    # the same stock parts around Hugging Face's Llama, as its users assemble them: the
+    # library's checkpointing of each decoder layer, each layer compiled, SDPA's own dispatch
+    "stock-hf": replace(STOCK, attention="sdpa", model="hf-llama"),
     "ours": OURS,
     **{lever.without: replace(OURS, **{lever.name: lever.off}) for lever in LEVERS},
     # what fits the full 34 layers on two 141 GB GPUs: keeping every layer's matmul outputs
@@ -113,11 +121,15 @@ VARIANTS: dict[str, LeaderboardVariant] = {
 }
 
 
+# how the prose names each stock step
+STOCK_NAMES = {"stock": "the stock parts", "stock-hf": "Hugging Face's Llama with the stock parts"}
+
+
 def variant_label(name: str) -> str:
     """A variant's name in tables: what it changes from `ours` or `stock`."""
-    if name in ("stock", "ours", "plain"):
-        return {"stock": "stock parts", "ours": "ours, every lever",
-                "plain": "the model as written"}[name]
+    if name in ("stock", "stock-hf", "ours", "plain"):
+        return {"stock": "stock parts", "stock-hf": "stock parts, Hugging Face's Llama",
+                "ours": "ours, every lever", "plain": "the model as written"}[name]
     variant = VARIANTS.get(name)
     if variant is None:
         return name
@@ -134,7 +146,7 @@ def variant_label(name: str) -> str:
 def lever_of(name: str) -> Lever | None:
     """The one lever in which variant `name` differs from `ours`, or None."""
     variant = VARIANTS.get(name)
-    if variant is None or name in ("ours", "stock", "plain") \
+    if variant is None or name in ("ours", "plain") or variant.stock \
             or (variant.selective_share, variant.others) != (OURS.selective_share, OURS.others):
         return None
     changed = [lever for lever in LEVERS if getattr(variant, lever.name) != lever.ours]

@@ -45,7 +45,7 @@ from cs336_systems.lm.sizes import LEADERBOARD_SHAPES, ModelSize
 from cs336_systems.lm.step import lm_step_phases, random_batch
 from cs336_systems.measure.ceilings import matmul_tflops
 from cs336_systems.measure.gpu_state import GpuSampler
-from cs336_systems.measure.memory import peak_gib, reset_peak
+from cs336_systems.measure.memory import alloc_retries, peak_gib, reset_peak
 from cs336_systems.measure.profiling import capture, time_by_class, trace_events
 from cs336_systems.measure.timing import synchronize, time_phases
 from cs336_systems.pipeline.cli import (
@@ -73,24 +73,38 @@ def build(run: LeaderboardVariant, config: dict, device: torch.device, world_siz
     """The model with the run's levers, its loss module (sharded when world_size > 1)."""
     spec = shape_of(config)
     torch.manual_seed(config["seed"])
-    model = TransformerLM(spec.vocab_size, config["context_length"], spec.d_model,
-                          config["layers"] or spec.num_layers, spec.num_heads, spec.d_ff,
-                          attention=run.attention, device=device)
-    apply_layer_levers(model, run.recompute, run.compile, run.selective_share, run.others)
-    lm_loss = LanguageModelLoss(model, chunked=run.chunked_loss)
+    if run.model == "hf-llama":
+        from cs336_systems.lm.hf_llama import HFLanguageModelLoss, llama_of, stock_layer_levers
+        lm_loss = HFLanguageModelLoss(llama_of(spec, config["context_length"], config["layers"],
+                                               device=device))
+        stock_layer_levers(lm_loss, recompute=run.recompute == "all", compile=run.compile)
+        model, layers = lm_loss.model, lm_loss.layers
+    else:
+        model = TransformerLM(spec.vocab_size, config["context_length"], spec.d_model,
+                              config["layers"] or spec.num_layers, spec.num_heads, spec.d_ff,
+                              attention=run.attention, device=device)
+        apply_layer_levers(model, run.recompute, run.compile, run.selective_share, run.others)
+        lm_loss, layers = LanguageModelLoss(model, chunked=run.chunked_loss), model.layers
     if world_size > 1:
         dtype = PRECISIONS[config["precision"]]
-        fully_shard_layers(lm_loss, model.layers, device,
-                           None if dtype == torch.float32 else dtype)
+        fully_shard_layers(lm_loss, layers, device, None if dtype == torch.float32 else dtype)
     return model, lm_loss
+
+
+def levers_off(run: LeaderboardVariant, model, lm_loss):
+    """A context in which `lm_loss` runs as the model is written: every lever off."""
+    if run.model == "hf-llama":
+        from cs336_systems.lm.hf_llama import hf_plain
+        return hf_plain(lm_loss)
+    return plain(model, lm_loss)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def check_io(model: TransformerLM, lm_loss: LanguageModelLoss, config: dict,
-             device: torch.device, rank: int, world_size: int) -> dict:
+def check_io(run: LeaderboardVariant, model, lm_loss, config: dict, device: torch.device,
+             rank: int, world_size: int) -> dict:
     """Loss and gradients of the run's levers against the model as written, both eager, on one
     batch of `check_tokens`-token sequences; each rank compares its own shards."""
     ids, targets = random_batch(world_size, config["check_tokens"], device, config["seed"] + 1,
@@ -104,7 +118,7 @@ def check_io(model: TransformerLM, lm_loss: LanguageModelLoss, config: dict,
         lm_loss.zero_grad(set_to_none=True)
         return loss.detach().float(), grads
 
-    with plain(model, lm_loss):
+    with levers_off(run, model, lm_loss):
         reference_loss, reference = loss_and_grads()
     with torch.compiler.set_stance("force_eager"):
         loss, grads = loss_and_grads()
@@ -152,6 +166,10 @@ def profile_step(phases, device: torch.device) -> dict:
 
 def skip_reason(run: LeaderboardVariant, config: dict) -> str | None:
     """Why this machine cannot run the variant (gloo: the CPU), or None if it can."""
+    if run.model == "hf-llama":
+        from cs336_systems.lm.hf_llama import unavailable_reason
+        if reason := unavailable_reason():
+            return reason
     if config["backend"] == "gloo":
         return cpu_unavailable_reason(run.attention, run.optimizer, run.compile,
                                       config["precision"])
@@ -160,12 +178,13 @@ def skip_reason(run: LeaderboardVariant, config: dict) -> str | None:
 
 def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:
     run = VARIANTS[config["variant"]]
-    if device.type == "cuda":  # the compiled stock run needs it (else it runs out of memory)
+    if device.type == "cuda" and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
+        # the compiled stock run needs it (else it runs out of memory); a user's setting wins
         torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     ceiling = matmul_tflops(device) if device.type == "cuda" else None
     model, lm_loss = build(run, config, device, world_size)
     # the model as written has no lever to check against itself
-    metrics = check_io(model, lm_loss, config, device, rank, world_size) \
+    metrics = check_io(run, model, lm_loss, config, device, rank, world_size) \
         if config["check_tokens"] and run != PLAIN else {}
     spec = shape_of(config)
     ids, targets = random_batch(world_size, config["context_length"], device, config["seed"],
@@ -176,10 +195,12 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
     reset_peak(device)
     sampler = GpuSampler(device)  # the GPU's clock over the timed steps, not the compilation
     steps = iter(range(1, config["warmup_steps"] + config["measure_steps"] + 1))
+    retries_before = [alloc_retries(device)]  # the allocator's retries before the timed steps
 
     def after_step():
         if next(steps) == config["warmup_steps"]:
             sampler.start()
+            retries_before[0] = alloc_retries(device)
 
     try:
         if config["warmup_steps"] == 0:
@@ -193,6 +214,8 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
     if device.type == "cuda" and sampler.reason:
         metrics["gpu_state_missing"] = sampler.reason
     metrics["warmup_step_ms"] = times.warmup_ms.get("step", [])
+    if device.type == "cuda":  # a retry frees the allocator's cache: the GPU waits meanwhile
+        metrics["alloc_retries"] = alloc_retries(device) - retries_before[0]
     peak = peak_gib(device)
     if config["profile"]:
         metrics.update(profile_step(phases, device))
