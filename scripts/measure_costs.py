@@ -37,8 +37,11 @@ def timed(command: str, cwd: Path) -> tuple[float, str]:
 
 
 def counts(output: str) -> tuple[int, int]:
-    """(passed, skipped) from pytest's summary line."""
-    summary = output.strip().splitlines()[-1]
+    """(passed, skipped) from pytest's summary line (the last that counts tests and ends with
+    their time: plugins' warnings may follow it on stderr)."""
+    summaries = re.findall(r"^.*\d+ (?:passed|failed|skipped).* in [\d.]+s.*$", output,
+                           re.MULTILINE)
+    summary = summaries[-1] if summaries else ""
     passed = re.search(r"(\d+) passed", summary)
     skipped = re.search(r"(\d+) skipped", summary)
     return int(passed.group(1)) if passed else 0, int(skipped.group(1)) if skipped else 0
