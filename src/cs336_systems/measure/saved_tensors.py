@@ -261,11 +261,16 @@ def node_saved_tensors(node) -> list[tuple[str, torch.Tensor]]:
 
 # --- torch.compile: the forward graph that AOTAutograd partitioned ---------------------------
 
-def capture_compiled_graphs() -> tuple[callable, list[torch.fx.GraphModule]]:
+def capture_compiled_graphs(codegen: bool = True) -> tuple[callable, list[torch.fx.GraphModule]]:
     """A torch.compile backend that is inductor (`compile_fx`) and keeps each forward graph its
     inner compiler receives (after AOTAutograd's partitioner: its outputs are the forward's
     results followed by what backward needs), and the list it fills. AOTAutograd's cache is off
-    while it compiles, since a cache hit would skip the partitioner and leave nothing to keep."""
+    while it compiles, since a cache hit would skip the partitioner and leave nothing to keep.
+
+    With `codegen=False` the partitioned graphs run as they are instead of being compiled into
+    kernels: the same tensors are saved, without the kernels' compilation (seconds of C++
+    compilation per graph on a CPU)."""
+    from functorch.compile import make_boxed_func
     from torch._functorch import config as functorch_config
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
@@ -274,6 +279,8 @@ def capture_compiled_graphs() -> tuple[callable, list[torch.fx.GraphModule]]:
     def inner(gm, example_inputs, **kwargs):
         if not kwargs.get("is_backward", False):
             graphs.append(gm)
+        if not codegen:
+            return make_boxed_func(gm.forward)
         return compile_fx_inner(gm, example_inputs, **kwargs)
 
     def backend(gm, example_inputs):
@@ -285,10 +292,12 @@ def capture_compiled_graphs() -> tuple[callable, list[torch.fx.GraphModule]]:
     return backend, graphs
 
 
-def compile_keeping_graphs(module: nn.Module) -> tuple[nn.Module, list[torch.fx.GraphModule]]:
+def compile_keeping_graphs(module: nn.Module, codegen: bool = True
+                           ) -> tuple[nn.Module, list[torch.fx.GraphModule]]:
     """`torch.compile(module, fullgraph=True)` through inductor, and the list its forward
-    graphs go into when it compiles (on its first call)."""
-    backend, graphs = capture_compiled_graphs()
+    graphs go into when it compiles (on its first call); `codegen` as `capture_compiled_graphs`
+    says."""
+    backend, graphs = capture_compiled_graphs(codegen)
     return torch.compile(module, fullgraph=True, backend=backend), graphs
 
 
