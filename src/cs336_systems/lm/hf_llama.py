@@ -80,12 +80,15 @@ class HFLanguageModelLoss(nn.Module):
         return cross_entropy(self.model(input_ids=token_ids, use_cache=False).logits, targets)
 
 
+# HF's activation checkpointing as its docs advise it, non-reentrant
+CHECKPOINTING = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+
+
 def stock_layer_levers(lm_loss: HFLanguageModelLoss, recompute: bool, compile: bool) -> None:
     """The stock levers as Hugging Face's users set them: the library's own activation
     checkpointing of every decoder layer (non-reentrant), each layer compiled inside it."""
     if recompute:
-        lm_loss.model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False})
+        lm_loss.model.gradient_checkpointing_enable(**CHECKPOINTING)
     if compile:
         for layer in lm_loss.layers:
             layer.compile()
@@ -104,5 +107,4 @@ def hf_plain(lm_loss: HFLanguageModelLoss) -> Iterator[None]:
             yield
     finally:
         if checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(**CHECKPOINTING)

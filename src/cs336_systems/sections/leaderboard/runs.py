@@ -3,10 +3,11 @@
 A variant is one setting of each lever (`LEVERS`). `stock` is what a user assembles from stock
 parts: SDPA on its fastest backend here (cuDNN), torch's fused AdamW, each layer compiled, full
 activation checkpointing, the whole logits; `stock-hf` the same parts around Hugging Face's
-Llama of the shape. Each matrix compares ours with the faster of the two. `ours` turns every lever to this project's part;
-each `ours-but-...` (`Lever.without`) turns one lever off (to the stock part, or to eager
-layers), so that its difference from `ours` is what that lever bought. `plain` is the model as written (nothing compiled, nothing
-recomputed): the reference of the input/output check, and the CPU smoke run.
+Llama of the shape. Each matrix compares ours with the faster of the two. `ours` turns every
+lever to this project's part; each `ours-but-...` (`Lever.without`) turns one lever off (to the
+stock part, or to eager layers), so that its difference from `ours` is what that lever bought.
+`plain` is the model as written (nothing compiled, nothing recomputed): the reference of the
+input/output check, and the CPU smoke run.
 """
 
 from __future__ import annotations
