@@ -124,7 +124,7 @@ def sweep(spec: str, causal: bool) -> list[dict]:
     def time_backward(tiles: tuple[Tiles, Tiles], atomic: bool) -> float | None:
         def backward():
             return ft._flash_bwd(q, k, v, o, lse, grad_o, causal, ft.DEFAULT_FP32_PRECISION,
-                                 wrap=direct, tiles=tiles, atomic=atomic)
+                                 atomic_dq=atomic, wrap=direct, tiles=tiles)
         try:
             grads = backward()
             error = max(close(g, r) for g, r in zip(grads, ref_grads))

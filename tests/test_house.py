@@ -8,6 +8,7 @@ from support.checkout import ROOT
 from support.house import (
     circles,
     entry_points,
+    functions_and_classes,
     floors_from,
     imports_of_entry_points,
     package_imports,
@@ -69,3 +70,13 @@ def test_an_upward_import_or_a_loop_is_found_and_named(tmp_path):
     assert upward(imports, [{"low"}], face="pkg")[0].endswith("room 'high' is on no floor")
     assert imports_of_entry_points(imports, {"pkg.high.c"}) == [
         f"{package / 'high' / 'b.py'}:2: pkg.high.b imports pkg.high.c (a CLI)"]
+
+
+def test_a_sections_command_line_defines_only_main():
+    """A section CLI parses its arguments and calls its measuring module: `main` is its one
+    function (constants such as the module name torchrun restarts may stand beside it)."""
+    clis = [m for m in entry_points(PACKAGE) if m.startswith("cs336_systems.sections.")]
+    problems = {m: defined for m in clis
+                if (defined := functions_and_classes(ROOT / "src" / (m.replace(".", "/") + ".py"))
+                    - {"main"})}
+    assert not problems, problems

@@ -23,6 +23,12 @@ from functools import partial
 
 import pytest
 import torch
+from torch import nn
+
+from cs336_systems.distributed import FSDP
+from cs336_systems.distributed import fsdp as fsdp_module
+from cs336_systems.lm import model as lm
+from cs336_systems.lm.adamw import AdamW
 from support.distributed import (
     WORLD_SIZE,
     batches,
@@ -31,12 +37,6 @@ from support.distributed import (
     run_on_ranks,
     save_result,
 )
-from torch import nn
-
-from cs336_systems.distributed import FSDP
-from cs336_systems.distributed import fsdp as fsdp_module
-from cs336_systems.lm import model as lm
-from cs336_systems.lm.adamw import AdamW
 
 VOCAB, D_MODEL, D_HIDDEN = 33, 16, 25  # odd row counts: the last rank's shard is padded
 STEPS, REPEATS = 3, 3

@@ -9,6 +9,7 @@ Inductor checks at the end.
 
 import math
 import re
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -28,13 +29,20 @@ TRITON_DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU els
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 
-@pytest.fixture(autouse=True)
-def full_fp32():
-    """The fp32 checks here hold the kernels to 1e-5, so their dots run in full fp32 ("ieee");
-    `test_fp32_precisions` checks the default and the others at their own tolerances."""
-    from cs336_systems.kernels.flash_triton import fp32_precision
-    with fp32_precision("ieee"):
-        yield
+class Flash(NamedTuple):
+    """Our Triton kernels at chosen settings, called as the assignment's autograd.Function is
+    (`apply(q, k, v, is_causal)`). The fp32 checks here hold them to 1e-5, so their dots run in
+    full fp32 ("ieee"); `test_fp32_precisions` checks the default and the others at their own
+    tolerances."""
+    precision: str = "ieee"
+    atomic_dq: bool = False
+    function: type = FlashAttentionTriton
+
+    def apply(self, q, k, v, is_causal=False):
+        return self.function.apply(q, k, v, is_causal, self.precision, self.atomic_dq)
+
+
+IEEE = Flash()
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None
@@ -96,8 +104,7 @@ class FlashAttentionOp:
 
     @staticmethod
     def apply(q, k, v, is_causal):
-        from cs336_systems.kernels.flash_triton import current_fp32_precision
-        return torch.ops.cs336.flash_attn_fwd(q, k, v, is_causal, current_fp32_precision())[0]
+        return torch.ops.cs336.flash_attn_fwd(q, k, v, is_causal, IEEE.precision)[0]
 
 
 SHAPES = [(2, 64, 64, 16), (1, 128, 128, 32), (3, 32, 128, 16), (1, 128, 32, 64)]
@@ -130,7 +137,7 @@ TRITON_SHAPES = [(2, 64, 64, 16), (1, 128, 128, 32), (2, 16, 64, 16), (1, 32, 16
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("dtype", TRITON_DTYPES)
 def test_flash_triton_against_float64(shape, is_causal, dtype):
-    check_flash(FlashAttentionTriton, *shape, dtype, is_causal)
+    check_flash(IEEE, *shape, dtype, is_causal)
 
 
 # (batch, n_queries, n_keys, d): lengths from 1, unequal both ways, heads that are not powers of
@@ -143,7 +150,7 @@ ANY_SHAPES = [(2, 7, 33, 24), (1, 33, 7, 80), (1, 1, 9, 96), (2, 9, 1, 16), (1, 
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("dtype", TRITON_DTYPES)
 def test_flash_triton_any_shape_against_float64(shape, is_causal, dtype):
-    check_flash(FlashAttentionTriton, *shape, dtype, is_causal)
+    check_flash(IEEE, *shape, dtype, is_causal)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the interpreter launches through the JIT only")
@@ -156,7 +163,7 @@ def test_flash_triton_direct_launches_against_float64(shape, dtype):
     from cs336_systems.kernels import flash_triton
     from cs336_systems.kernels.launch import direct
     for _ in range(3):
-        check_flash(FlashAttentionTriton, *shape, dtype, True)
+        check_flash(IEEE, *shape, dtype, True)
     for kernel in (flash_triton.flash_fwd_kernel, flash_triton.flash_bwd_dq_kernel,
                    flash_triton.flash_bwd_kernel):
         assert direct(kernel).binaries, kernel
@@ -175,27 +182,24 @@ def test_flash_triton_backward_with_unequal_tiles(shape, is_causal, atomic, monk
     # the launch plans are cached per shape: plan afresh from the tiles above
     monkeypatch.setattr(flash_triton, "_cached_backward_launches",
                         flash_triton._backward_launches)
-    monkeypatch.setattr(flash_triton, "ATOMIC_DQ", atomic)
-    check_flash(FlashAttentionTriton, *shape, torch.float32, is_causal)
+    check_flash(Flash(atomic_dq=atomic), *shape, torch.float32, is_causal)
 
 
 @pytest.mark.parametrize("shape", [(2, 64, 64, 32), (1, 70, 45, 24), (1, 33, 100, 80)])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_flash_triton_deterministic_backward(shape, is_causal, dtype, monkeypatch):
+def test_flash_triton_deterministic_backward(shape, is_causal, dtype):
     """With torch's deterministic algorithms on, dQ comes from its own kernel in a fixed order
     even where atomic adds are chosen: the same gradients as float64, and bit for bit the same
     on a second run."""
-    from cs336_systems.kernels import flash_triton
-
-    monkeypatch.setattr(flash_triton, "ATOMIC_DQ", True)
+    atomic = Flash(atomic_dq=True)
     torch.use_deterministic_algorithms(True)
     try:
-        check_flash(FlashAttentionTriton, *shape, dtype, is_causal)
+        check_flash(atomic, *shape, dtype, is_causal)
         q, k, v = (torch.randn(1, n, shape[3], device=DEVICE, dtype=dtype, requires_grad=True)
                    for n in shape[1:3] + shape[2:3])
         grad_o = torch.randn_like(q)
-        runs = [torch.autograd.grad(FlashAttentionTriton.apply(q, k, v, is_causal), (q, k, v),
+        runs = [torch.autograd.grad(atomic.apply(q, k, v, is_causal), (q, k, v),
                                     grad_o) for _ in range(2)]
     finally:
         torch.use_deterministic_algorithms(False)
@@ -211,23 +215,20 @@ FP32_TOLERANCE = {"ieee": 1e-5, "tf32x3": 1e-4, "tf32": 1e-2}
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_fp32_precisions(precision, is_causal):
     """The fp32 precisions at their tolerances; the default is the assignment's 1e-2 or better."""
-    from cs336_systems.kernels.flash_triton import DEFAULT_FP32_PRECISION, fp32_precision
+    from cs336_systems.kernels.flash_triton import DEFAULT_FP32_PRECISION
 
     assert FP32_TOLERANCE[DEFAULT_FP32_PRECISION] <= 1e-2
-    with fp32_precision(precision):
-        o, reference = _heads_case(1, 2, 70, 45, 64, torch.float32, is_causal)
+    o, reference = _heads_case(1, 2, 70, 45, 64, torch.float32, is_causal, Flash(precision))
     assert relative_error(o, reference) < FP32_TOLERANCE[precision]
 
 
 def test_unknown_fp32_precision_names_the_allowed_ones():
-    from cs336_systems.kernels.flash_triton import fp32_precision
-
+    q = torch.randn(1, 16, 16)
     with pytest.raises(ValueError, match="allowed: ieee, tf32x3, tf32"):
-        with fp32_precision("bf16"):
-            pass
+        FlashAttentionTriton.apply(q, q, q, False, "bf16")
 
 
-def _heads_case(batch, heads, n_queries, n_keys, d, dtype, is_causal):
+def _heads_case(batch, heads, n_queries, n_keys, d, dtype, is_causal, flash=IEEE):
     """Our output for (batch, heads, seq, d) views of one fused (batch, seq, 3, heads, d)
     projection, as the model makes them (strided, not contiguous), and float64's."""
     n = max(n_queries, n_keys)
@@ -235,7 +236,7 @@ def _heads_case(batch, heads, n_queries, n_keys, d, dtype, is_causal):
     q, k, v = (fused[:, :length, i].transpose(1, 2)
                for i, length in enumerate((n_queries, n_keys, n_keys)))
     assert not q.is_contiguous()
-    o = FlashAttentionTriton.apply(q, k, v, is_causal)
+    o = flash.apply(q, k, v, is_causal)
     return o, reference_attention(q, k, v, is_causal)[0]
 
 
@@ -247,7 +248,7 @@ def test_flash_triton_takes_strided_heads_without_copies(is_causal):
 
     fused = torch.randn(2, 40, 3, 3, 24, device=DEVICE, requires_grad=True)
     q, k, v = (fused[:, :, i].transpose(1, 2) for i in range(3))
-    o = FlashAttentionTriton.apply(q, k, v, is_causal)
+    o = IEEE.apply(q, k, v, is_causal)
     merged = rearrange(o, "b h s d -> b s (h d)")
     assert merged.data_ptr() == o.data_ptr() and o.transpose(1, 2).is_contiguous()
     grad_o = torch.randn_like(o)
@@ -296,7 +297,9 @@ def test_flash_operators_pass_opcheck():
         o, lse = torch.ops.cs336.flash_attn_fwd(q, k, v, is_causal, "ieee")
         # the backward operator has no backward of its own: inputs without gradients
         args = (*(t.detach() for t in (q, k, v, o)), lse, torch.randn_like(o), is_causal, "ieee")
-        torch.library.opcheck(torch.ops.cs336.flash_attn_bwd.default, args, test_utils=tests)
+        for atomic_dq in (False, True):
+            torch.library.opcheck(torch.ops.cs336.flash_attn_bwd.default, (*args, atomic_dq),
+                                  test_utils=tests)
 
 
 def compiled(fn):
@@ -307,7 +310,7 @@ def compiled(fn):
 def test_compiled_flash_triton_takes_any_sequence_of_shapes():
     """One compiled function, shapes changing call after call (lengths, head size, batch)."""
     torch._dynamo.reset()
-    attends = [compiled(FlashAttentionTriton.apply), compiled(FlashAttentionOp.apply)]
+    attends = [compiled(IEEE.apply), compiled(FlashAttentionOp.apply)]
     for shape in [(2, 64, 64, 16), (2, 32, 32, 16), (2, 64, 64, 32), (1, 16, 16, 16),
                   (1, 33, 20, 24)]:
         for attend in attends:
@@ -316,13 +319,13 @@ def test_compiled_flash_triton_takes_any_sequence_of_shapes():
 
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_flash_triton_with_compiled_pytorch_backward(is_causal):
-    check_flash(FlashAttentionTritonTorchBackward, 2, 64, 64, 16, torch.float32, is_causal)
+    check_flash(Flash(function=FlashAttentionTritonTorchBackward), 2, 64, 64, 16, torch.float32, is_causal)
 
 
 def test_flash_default_is_not_causal():
     q, k, v = (torch.randn(1, 32, 16, device=DEVICE) for _ in range(3))
     expected, _ = reference_attention(q, k, v, is_causal=False)
-    for fn in (FlashAttentionPytorch, FlashAttentionTriton):
+    for fn in (FlashAttentionPytorch, IEEE):
         assert relative_error(fn.apply(q, k, v), expected) < 1e-5
 
 
@@ -415,7 +418,7 @@ def test_model_with_head_dim_80_trains_like_eager():
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_flash_triton_long_sequences_on_gpu(seq, is_causal, dtype):
-    check_flash(FlashAttentionTriton, 1, seq, seq, 64, dtype, is_causal)
+    check_flash(IEEE, 1, seq, seq, 64, dtype, is_causal)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="long sequences need a GPU")
@@ -425,7 +428,7 @@ def test_flash_triton_long_sequences_on_gpu(seq, is_causal, dtype):
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("dtype", TRITON_DTYPES)
 def test_flash_triton_any_shape_on_gpu(lengths, d, is_causal, dtype):
-    check_flash(FlashAttentionTriton, *lengths, d, dtype, is_causal)
+    check_flash(IEEE, *lengths, d, dtype, is_causal)
 
 
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
@@ -447,7 +450,7 @@ def test_compiled_flash_triton_on_long_shape_sequence_on_gpu():
     """Compiled once, called on five shapes in a row (the sequence that used to fail inside
     Dynamo on its third shape), forward and backward against SDPA in bf16."""
     torch._dynamo.reset()
-    attends = [compiled(FlashAttentionTriton.apply), compiled(FlashAttentionOp.apply)]
+    attends = [compiled(IEEE.apply), compiled(FlashAttentionOp.apply)]
     for shape in [(2, 16384, 64), (2, 4096, 64), (2, 16384, 128), (2, 1024, 64), (1, 1000, 80)]:
         q, k, v = (torch.randn(shape, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))

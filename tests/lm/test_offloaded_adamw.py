@@ -7,14 +7,14 @@ runs under Triton's interpreter."""
 import pytest
 import torch
 from conftest import DEVICE
-from support.distributed import run_on_ranks, save_result
 
-from cs336_systems.lm.fused_adamw import FusedAdamW
 from cs336_systems.lm.build import cpu_unavailable_reason
+from cs336_systems.lm.fused_adamw import FusedAdamW
 from cs336_systems.lm.levers import LanguageModelLoss
 from cs336_systems.lm.model import TransformerLM
 from cs336_systems.lm.offloaded_adamw import OffloadedAdamW
 from cs336_systems.lm.optimizer import build_optimizer, is_per_layer, layer_groups
+from support.distributed import run_on_ranks, save_result
 
 VOCAB, SEQ, LAYERS = 64, 8, 3
 STEPS = 3

@@ -2,10 +2,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cs336_systems.lm.adamw import AdamW
 from cs336_systems.lm.loss import cross_entropy
 from cs336_systems.lm.model import build_model
-from cs336_systems.lm.adamw import AdamW
-
 
 VOCAB = 512  # a small vocabulary: the embeddings would be most of the work
 

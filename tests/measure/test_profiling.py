@@ -16,6 +16,7 @@ from cs336_systems.measure.profiling import (
     range_times,
 )
 from cs336_systems.sections.profile import profile_step as profile
+from cs336_systems.sections.profile import step_profile
 
 GEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_cublas"
 SOFTMAX = "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, ...)"
@@ -145,8 +146,8 @@ def test_nsys_records_skipped_with_the_reason_where_it_cannot_run(tmp_path, monk
 
 def test_nsys_captures_the_measured_range_only():
     argv = ["--size", "tiny", "--context-length", "16", "--mode", "forward"]
-    command = profile.nsys_command(profile.Path("r/x"), argv)
-    assert "--capture-range=nvtx" in command and f"--nvtx-capture={profile.MEASURED_RANGE}" in command
+    command = step_profile.nsys_command(profile.Path("r/x"), argv)
+    assert "--capture-range=nvtx" in command and f"--nvtx-capture={step_profile.MEASURED_RANGE}" in command
     assert command[-len(argv) - 1:] == [*argv, "--under-nsys"]
 
 
@@ -156,7 +157,7 @@ def test_nsys_kernel_summary_is_read_into_kernel_rows():
             '"Max (ns)","StdDev (ns)","Name"\n'
             f'"70.0","7000","2","3500.0","3500.0","3000","4000","707.1","{GEMM}"\n'
             '"30.0","3000","6","500.0","500.0","400","600","89.4","void at::native::exp(float)"\n')
-    rows = profile.read_kernel_summary(text)
+    rows = step_profile.read_kernel_summary(text)
     assert [(r["kernel"], r["calls"], r["us"], r["matmul"]) for r in rows] == [
         (GEMM, 2, 7.0, True), ("void at::native::exp(float)", 6, 3.0, False)]
 

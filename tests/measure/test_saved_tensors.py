@@ -41,6 +41,7 @@ from cs336_systems.records import write_json_atomic
 from cs336_systems.report.facts import jsonable
 from cs336_systems.sections.residuals import count_saved as experiment
 from cs336_systems.sections.residuals import report as section
+from cs336_systems.sections.residuals import saved
 from support.checkout import project_yaml
 from support.sections import section_text
 
@@ -268,7 +269,7 @@ def test_the_cli_records_the_accounting_and_the_analytic_model(cpu_records):
         assert sum(op["bytes"] for op in m["operations"]) == m["saved_bytes"]
     norm = records["rmsnorm"]["metrics"]
     assert norm["saved_count"] == 3 and set(norm["analytic_saved"]) == set(
-        experiment.RMSNORM_ENTRIES)
+        saved.RMSNORM_ENTRIES)
     block = records["block_h2"]
     assert block["config"]["num_heads"] == 2 and block["config"]["d_model"] == 64
     spec = dataclasses.replace(MODEL_SIZES["tiny"], num_heads=2)
@@ -279,14 +280,14 @@ def test_the_cli_records_the_accounting_and_the_analytic_model(cpu_records):
 
 def test_a_compiled_module_that_refuses_the_hooks_is_counted_by_the_graph_walk(tmp_path,
                                                                               monkeypatch):
-    real = experiment.counted_forward
+    real = saved.counted_forward
 
     def refuse(*args, hooks=True, **kwargs):
         if hooks:
             raise RuntimeError("hooks are not supported here")
         return real(*args, hooks=hooks, **kwargs)
 
-    monkeypatch.setattr(experiment, "counted_forward", refuse)
+    monkeypatch.setattr(saved, "counted_forward", refuse)
     record = _run(tmp_path, "walk", "--target", "rmsnorm", "--d-model", "16", "--batch-size", "2",
                   "--context-length", "8", "--variant", "compiled")
     assert record["status"] == "ok", record.get("message")

@@ -4,8 +4,8 @@ import time
 import pytest
 import torch
 
-from cs336_systems.lm.model import VOCAB_SIZE, build_model
 from cs336_systems.lm.adamw import AdamW
+from cs336_systems.lm.model import VOCAB_SIZE, build_model
 from cs336_systems.lm.precision import autocast_context
 from cs336_systems.lm.step import lm_step_phases
 from cs336_systems.measure.timing import summarize, time_callable, time_phases

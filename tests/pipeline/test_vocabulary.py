@@ -29,6 +29,7 @@ from cs336_systems.sections.memory import record_memory as memory
 from cs336_systems.sections.mixed_precision import run_study as mixed_precision
 from cs336_systems.sections.profile import profile_step as profile
 from cs336_systems.sections.residuals import count_saved as residuals
+from cs336_systems.sections.residuals import saved
 from cs336_systems.sections.training.runs import RUNS
 from support.checkout import project_yaml
 
@@ -43,7 +44,7 @@ SCHEMA = project_yaml("workflow/schemas/config.schema.yaml")
     ("ddp_variant", list(DDP_VARIANTS)),
     ("fsdp_variant", list(FSDP_VARIANTS)),
     ("backend", list(BACKENDS)),
-    ("residuals_variant", list(residuals.VARIANTS)),
+    ("residuals_variant", list(saved.VARIANTS)),
     ("optimizer", list(FLAT_OPTIMIZERS)),
     ("training_run", list(RUNS)),
     ("leaderboard_variant", list(LEADERBOARD_VARIANTS)),
@@ -100,7 +101,7 @@ def _choices(module, dest: str) -> list[str]:
     (memory, "attention", list(ATTENTION_IMPLEMENTATIONS)),
     (residuals, "size", list(MODEL_SIZES)),
     (residuals, "precision", list(PRECISIONS)),
-    (residuals, "variant", list(residuals.VARIANTS)),
+    (residuals, "variant", list(saved.VARIANTS)),
     (checkpointing, "size", list(MODEL_SIZES)),
     (checkpointing, "mode", list(MODES)),
     (checkpointing, "precision", list(PRECISIONS)),

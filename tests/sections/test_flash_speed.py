@@ -16,8 +16,8 @@ import torch
 from cs336_systems.pipeline.config import merged_presets
 from cs336_systems.report.facts import read_facts, write_facts
 from cs336_systems.sections.flash import report as flash
-from cs336_systems.sections.flash import speed_table as speed_report
 from cs336_systems.sections.flash import speed, time_targets
+from cs336_systems.sections.flash import speed_table as speed_report
 from cs336_systems.sections.flash.targets import (
     CLASS_BEST_MS,
     GROUPS,

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from cs336_systems.sections.leaderboard import time_leaderboard
+from cs336_systems.sections.leaderboard import step_timing, time_leaderboard
 
 TINY = ["--shape", "tiny-8b", "--context-length", "16", "--check-tokens", "8",
         "--precision", "fp32", "--warmup-steps", "1", "--measure-steps", "5", "--device", "cpu"]
@@ -78,15 +78,15 @@ def test_an_optimizer_stepping_in_backward_gets_a_group_per_layer_and_its_prefet
     from cs336_systems.sections.leaderboard.runs import VARIANTS
     config = {"shape": "tiny-8b", "context_length": 16, "layers": None, "seed": 0,
               "precision": "fp32"}
-    model, lm_loss = time_leaderboard.build(VARIANTS["plain"], config, torch.device("cpu"), 1)
-    optimizer = time_leaderboard.build_step_optimizer("adamw-offloaded", model, lm_loss)
+    model, lm_loss = step_timing.build(VARIANTS["plain"], config, torch.device("cpu"), 1)
+    optimizer = step_timing.build_step_optimizer("adamw-offloaded", model, lm_loss)
     assert isinstance(optimizer, OffloadedAdamW)
     assert len(optimizer.param_groups) == len(model.layers) + 1  # each layer, then the rest
     fetched = []
     optimizer.prefetch = lambda: fetched.append(True)
     lm_loss(*torch.randint(0, 64, (2, 1, 16)))  # the final norm's forward fetches
     assert fetched == [True]
-    plain = time_leaderboard.build_step_optimizer("adamw-fused", model, lm_loss)
+    plain = step_timing.build_step_optimizer("adamw-fused", model, lm_loss)
     assert len(plain.param_groups) == 1
 
 

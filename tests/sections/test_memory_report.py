@@ -12,6 +12,7 @@ from cs336_systems.measure.memory_timeline import Timeline, reduce_snapshot
 from cs336_systems.pipeline.records import make_record
 from cs336_systems.records import read_record, write_json_atomic
 from cs336_systems.report.facts import jsonable
+from cs336_systems.sections.memory import memory_history
 from cs336_systems.sections.memory import record_memory as memory
 from cs336_systems.sections.memory import report as section
 from support.checkout import project_yaml
@@ -60,7 +61,7 @@ def test_the_cli_on_a_gpu_records_the_timeline_with_its_phases_and_sources(tmp_p
     record = read_record(out)
     assert record["status"] == "ok", record.get("message")
     m = record["metrics"]
-    for kind in memory.SIDECARS:
+    for kind in memory_history.SIDECARS:
         assert (tmp_path / m[f"{kind}_file"]).stat().st_size > 0
     # the allocator's clock and ours agree: every phase start falls on an event
     assert m["phase_marks"] == 6 and m["phases_marked"] == 6
@@ -134,14 +135,14 @@ def _record(tmp_path, context, mode, precision, status="ok", residual_per_step=3
         return path
     snapshot, marks = _snapshot(context, mode, precision, residual_per_step)
     timeline = reduce_snapshot(snapshot, 0, marks, PACKAGE)
-    timeline.save(memory.sidecar(path, "timeline"))
-    metrics = memory.timeline_metrics(timeline, config)
+    timeline.save(memory_history.sidecar(path, "timeline"))
+    metrics = memory_history.timeline_metrics(timeline, config)
     peak = metrics["trace_peak_gib"] + 0.001                 # the allocator's rounding
     metrics.update({"parameters": 3_400_000_000, "weights_gib": 13.0,
                     "start_gib": metrics["trace_start_gib"] + 0.01, "peak_gib": peak,
                     "peak_reserved_gib": peak + 0.5, "trace_full": False,
                     "step_ms_mean": 100.0, "step_ms_std": 1.0,
-                    **{f"{k}_file": memory.sidecar(path, k).name for k in memory.SIDECARS}})
+                    **{f"{k}_file": memory_history.sidecar(path, k).name for k in memory_history.SIDECARS}})
     write_json_atomic(path, make_record("memory", config, "ok", metrics,
                                         env={"device": "cuda", "gpu": "H200"}))
     return path

@@ -140,3 +140,10 @@ def imports_of_entry_points(imports: list[Import], entries: set[str]) -> list[st
     """Each import of a command line by another module, as 'file:line: a imports b (a CLI)'."""
     return sorted({f"{i.source}:{i.line}: {i.importer} imports {i.imported} (a CLI)"
                    for i in imports if i.imported in entries and i.importer != i.imported})
+
+
+def functions_and_classes(path: Path) -> set[str]:
+    """The names of the functions and classes a module defines at its top level."""
+    tree = ast.parse(path.read_text())
+    return {node.name for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}

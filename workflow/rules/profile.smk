@@ -3,7 +3,7 @@
 # tables, figure and facts. The trace (or the Nsight Systems report) lies beside each record,
 # named after it; it is not an output, since a skipped job writes none.
 
-from cs336_systems.sections.profile.profile_step import TOOLS
+from cs336_systems.sections.profile.step_profile import TOOLS
 
 PROF = P["profile"]
 PROF_RECORD = (f"{RESULTS}/profile/{{tool}}/{{size}}_ctx{{context_length}}_{{mode}}"

@@ -3,7 +3,7 @@
 # saves for backward through saved-tensor hooks and what the block's backward produces; then
 # the section's tables, figure and facts.
 
-from cs336_systems.sections.residuals.count_saved import VARIANTS
+from cs336_systems.sections.residuals.saved import VARIANTS
 
 RES = P["residuals"]
 RES_RMSNORM = RES["rmsnorm"]

@@ -32,9 +32,9 @@ Backward (Algorithm 2), two launches: program (head, query tile) of the dQ kerne
 rows' D = rowsum(dO * O), stores it, and walks the key tiles its queries see for dQ; then
 program (head, key tile) of the key-tile kernel reads D, walks the query tiles that see its keys
 and keeps dK and dV in registers. Together they recompute S and dP (seven matmuls per score
-tile, adding in a fixed order). With `ATOMIC_DQ` a small kernel computes D and zeroes an fp32 dQ
+tile, adding in a fixed order). With `atomic_dq` a small kernel computes D and zeroes an fp32 dQ
 accumulator, and the key-tile kernel adds each query tile's dS K into it (FlashAttention-2's
-scheme, five matmuls); it measured slower on an H100 (see `ATOMIC_DQ`), so it is off by
+scheme, five matmuls); it measured slower on an H100 (docs/measurements.md), so it is off by
 default, and torch's deterministic-algorithms switch keeps it off.
 
 Scores are kept in base 2 (exp2 is the hardware's instruction): S2 = Q K^T * scale * log2(e).
@@ -52,13 +52,13 @@ implementations instead of tracing Python kernel launches, and Inductor can stil
 kernels. The forward operator is differentiable through the backward one. `FlashAttentionTriton`
 is the assignment's autograd.Function over the same operators.
 
-fp32 inputs multiply at the precision `fp32_precision` sets (`FP32_PRECISIONS`, default
-`DEFAULT_FP32_PRECISION`).
+The kernels' two settings are arguments of each call, not module state: `precision`, how fp32
+inputs multiply (`FP32_PRECISIONS`, default `DEFAULT_FP32_PRECISION`), and `atomic_dq`, where
+the backward's dQ comes from.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from typing import NamedTuple
@@ -515,36 +515,18 @@ FP32_PRECISIONS = ("ieee", "tf32x3", "tf32")
 # How fp32 inputs multiply: "ieee" on the FMA units in full fp32; "tf32" on the tensor cores
 # with 10-bit mantissas (relative error about 1e-3, inside the assignment's 1e-2); "tf32x3"
 # splits each operand in two tf32 parts and keeps three of the four products (about fp32's
-# accuracy at three tensor-core dots). See `fp32_precision` to change it.
+# accuracy at three tensor-core dots). `FlashAttentionTriton.apply`'s `precision` picks one.
 DEFAULT_FP32_PRECISION = "tf32x3"
-_fp32_precision = [DEFAULT_FP32_PRECISION]
 
 
-@contextlib.contextmanager
-def fp32_precision(precision: str):
-    """Run fp32 inputs' dots at `precision` (one of FP32_PRECISIONS) in the forwards called
-    inside the block (each backward multiplies as its forward did). Read when the forward is
-    called, so torch.compile bakes in the value current when it traces; a compiled function
-    should pass `precision` to `FlashAttentionTriton.apply` instead."""
+def _check_precision(precision: str) -> None:
     if precision not in FP32_PRECISIONS:
         raise ValueError(f"unknown fp32 precision {precision!r}; allowed: "
                          f"{', '.join(FP32_PRECISIONS)}")
-    _fp32_precision.append(precision)
-    try:
-        yield
-    finally:
-        _fp32_precision.pop()
-
-
-def current_fp32_precision() -> str:
-    """The precision fp32 inputs' dots run at now (`fp32_precision` changes it)."""
-    return _fp32_precision[-1]
 
 
 def _dot_precision(dtype: torch.dtype, precision: str) -> str:
-    if precision not in FP32_PRECISIONS:
-        raise ValueError(f"unknown fp32 precision {precision!r}; allowed: "
-                         f"{', '.join(FP32_PRECISIONS)}")
+    _check_precision(precision)
     return precision if dtype == torch.float32 else "tf32"  # 16-bit dots ignore it
 
 
@@ -703,6 +685,7 @@ def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, precision: str,
     (batch, heads, seq, d). One launch; its plan is cached per shape. `tiles` overrides the
     launch's (for sweeps)."""
     check_attention_inputs(q, k, v, heads=True)
+    _check_precision(precision)
     require_triton_device(q, k, v)
     o, logsumexp = _forward_outputs(q)
     batch, n_heads, n_queries, d = _dims(q)
@@ -738,24 +721,10 @@ def _flash_attn_fwd_fake(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, preci
 # Where dQ comes from: atomic adds from the key-tile kernel (FlashAttention-2's scheme, five
 # matmuls per score tile) or its own kernel over query tiles (seven, adding in a fixed order).
 # The default is its own kernel, deterministic and the faster at long sequences (the timings:
-# docs/measurements.md, "Where dQ comes from"); with ATOMIC_DQ set, torch's
+# docs/measurements.md, "Where dQ comes from"); with `atomic_dq` asked for, torch's
 # deterministic-algorithms switch still forces it.
-ATOMIC_DQ = False
-
-
-def atomic_dq() -> bool:
-    return ATOMIC_DQ and not torch.are_deterministic_algorithms_enabled()
-
-
-@contextlib.contextmanager
-def dq_by_atomic_adds(atomic: bool = True):
-    """Backwards launched inside the block add dQ atomically, or not (sets `ATOMIC_DQ`)."""
-    global ATOMIC_DQ
-    before, ATOMIC_DQ = ATOMIC_DQ, atomic
-    try:
-        yield
-    finally:
-        ATOMIC_DQ = before
+def _atomic(atomic_dq: bool) -> bool:
+    return atomic_dq and not torch.are_deterministic_algorithms_enabled()
 
 
 class BackwardLaunches(NamedTuple):
@@ -792,14 +761,15 @@ _cached_backward_launches = functools.lru_cache(maxsize=1024)(_backward_launches
 
 
 def _flash_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor,
-               grad_o: Tensor, is_causal: bool, precision: str, wrap=wrap_triton,
-               tiles: tuple[Tiles, Tiles] | None = None, atomic: bool | None = None
+               grad_o: Tensor, is_causal: bool, precision: str, atomic_dq: bool = False,
+               wrap=wrap_triton, tiles: tuple[Tiles, Tiles] | None = None
                ) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV from the forward's inputs, o and L, and dO, any strides: two launches (the dQ
     kernel, which also computes D, then the key-tile kernel, which reads D), or with atomic
     adds two and a cast (D and the zeroed fp32 dQ accumulator, then the key-tile kernel adding
-    into it); plans cached per shape; `tiles` and `atomic` override (for sweeps)."""
-    atomic = atomic_dq() if atomic is None else atomic
+    into it, with `atomic_dq` outside deterministic mode); plans cached per shape; `tiles`
+    overrides (for sweeps)."""
+    atomic = _atomic(atomic_dq)
     batch, n_heads, n_queries, d = _dims(q)
     n_keys = k.shape[-2]
     heads = batch * n_heads
@@ -832,9 +802,9 @@ def _flash_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor,
 
 
 def _flash_attn_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor,
-                    grad_o: Tensor, is_causal: bool, precision: str
+                    grad_o: Tensor, is_causal: bool, precision: str, atomic_dq: bool
                     ) -> tuple[Tensor, Tensor, Tensor]:
-    return _flash_bwd(q, k, v, o, logsumexp, grad_o, is_causal, precision)
+    return _flash_bwd(q, k, v, o, logsumexp, grad_o, is_causal, precision, atomic_dq)
 
 
 flash_attn_bwd = triton_op("cs336::flash_attn_bwd", _flash_attn_bwd, mutates_args=())
@@ -842,7 +812,7 @@ flash_attn_bwd = triton_op("cs336::flash_attn_bwd", _flash_attn_bwd, mutates_arg
 
 @flash_attn_bwd.register_fake
 def _flash_attn_bwd_fake(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: Tensor,
-                         grad_o: Tensor, is_causal: bool, precision: str
+                         grad_o: Tensor, is_causal: bool, precision: str, atomic_dq: bool
                          ) -> tuple[Tensor, Tensor, Tensor]:
     return _backward_outputs(q, k, v)
 
@@ -858,14 +828,17 @@ def _direct(*tensors: Tensor) -> bool:
     return not torch.compiler.is_compiling() and all(type(t) is Tensor for t in tensors)
 
 
-def _save_for_backward(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
-    """Keeps L, q, k, v and o, the tensors the assignment's backward reads, the mask flag, and
-    the fp32 precision, so that the backward multiplies as the forward did."""
+def _save_for_backward(ctx, inputs: tuple, output: tuple[Tensor, Tensor],
+                       atomic_dq: bool = False) -> None:
+    """Keeps L, q, k, v and o, the tensors the assignment's backward reads, the mask flag, the
+    fp32 precision (so that the backward multiplies as the forward did) and where dQ comes
+    from."""
     q, k, v, is_causal, precision = inputs
     o, logsumexp = output
     ctx.save_for_backward(logsumexp, q, k, v, o)
     ctx.is_causal = is_causal
     ctx.precision = precision
+    ctx.atomic_dq = atomic_dq
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
@@ -873,38 +846,43 @@ def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
     ctx.mark_non_differentiable(output[1])  # L is for the backward; no gradient flows into it
 
 
-def _backward(ctx, grad_o: Tensor, *_grad_logsumexp) -> tuple[Tensor | None, ...]:
+def _gradients(ctx, grad_o: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV from what `_save_for_backward` kept."""
     logsumexp, q, k, v, o = ctx.saved_tensors
-    args = (q, k, v, o, logsumexp, grad_o, ctx.is_causal, ctx.precision)
+    args = (q, k, v, o, logsumexp, grad_o, ctx.is_causal, ctx.precision, ctx.atomic_dq)
     if _direct(q, grad_o):
-        grads = _flash_bwd(*args, wrap=direct)
-    else:
-        grads = torch.ops.cs336.flash_attn_bwd(*args)
-    return *grads, None, None
+        return _flash_bwd(*args, wrap=direct)
+    return torch.ops.cs336.flash_attn_bwd(*args)
+
+
+def _backward(ctx, grad_o: Tensor, *_grad_logsumexp) -> tuple[Tensor | None, ...]:
+    return *_gradients(ctx, grad_o), None, None  # none for is_causal, precision
 
 
 flash_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 class FlashAttentionTriton(torch.autograd.Function):
-    """`FlashAttentionTriton.apply(q, k, v, is_causal=False, precision=None)` -> o: Triton
-    forward and backward, the `cs336::flash_attn_fwd` and `cs336::flash_attn_bwd` operators
-    (their bodies directly in eager mode, see `_direct`). `precision` is fp32 inputs' (one of
-    FP32_PRECISIONS; None: `current_fp32_precision()`); the backward multiplies as the forward
-    did."""
+    """`FlashAttentionTriton.apply(q, k, v, is_causal=False, precision=DEFAULT_FP32_PRECISION,
+    atomic_dq=False)` -> o: Triton forward and backward, the `cs336::flash_attn_fwd` and
+    `cs336::flash_attn_bwd` operators (their bodies directly in eager mode, see `_direct`).
+    `precision` is fp32 inputs' (one of FP32_PRECISIONS), the backward multiplying as the
+    forward did; `atomic_dq` adds dQ atomically from the key-tile kernel (outside torch's
+    deterministic mode) instead of its own kernel."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
-                precision: str | None = None) -> Tensor:
-        precision = precision or current_fp32_precision()
+                precision: str = DEFAULT_FP32_PRECISION, atomic_dq: bool = False) -> Tensor:
         if _direct(q):
             output = _flash_fwd(q, k, v, is_causal, precision, wrap=direct)
         else:
             output = torch.ops.cs336.flash_attn_fwd(q, k, v, is_causal, precision)
-        _save_for_backward(ctx, (q, k, v, is_causal, precision), output)
+        _save_for_backward(ctx, (q, k, v, is_causal, precision), output, atomic_dq)
         return output[0]
 
-    backward = staticmethod(_backward)
+    @staticmethod
+    def backward(ctx, grad_o: Tensor) -> tuple[Tensor | None, ...]:
+        return *_gradients(ctx, grad_o), None, None, None  # is_causal, precision, atomic_dq
 
 
 class FlashAttentionTritonTorchBackward(FlashAttentionTriton):
@@ -914,4 +892,4 @@ class FlashAttentionTritonTorchBackward(FlashAttentionTriton):
     def backward(ctx, grad_o: Tensor):
         logsumexp, q, k, v, o = ctx.saved_tensors
         grads = compiled_flash_backward(q, k, v, o, logsumexp, grad_o, ctx.is_causal)
-        return *grads, None, None
+        return *grads, None, None, None

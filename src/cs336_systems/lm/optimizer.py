@@ -15,6 +15,7 @@ import torch
 
 from cs336_systems.lm.adamw import AdamW
 
+
 @dataclass(frozen=True)
 class OptimizerChoice:
     """One optimizer of the registry: how to build it, its label in tables, and the kernel

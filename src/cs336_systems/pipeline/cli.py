@@ -1,9 +1,13 @@
-"""Argument types shared by the section CLIs, so bad values fail with a usage message, and the
-options every CLI takes."""
+"""What every section CLI shares: argument types, so bad values fail with a usage message, the
+options every CLI takes, and its last step (`record_run`)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
+
+from cs336_systems.pipeline.records import run_and_record
 
 
 def positive_int(text: str) -> int:
@@ -32,3 +36,18 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto (cuda if available, else cpu), cpu, cuda or cuda:N")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", required=True, help="path of the JSON record to write")
+
+
+def parsed_config(args: argparse.Namespace) -> dict:
+    """The configuration a record holds: every parsed option but where the record goes and the
+    device it ran on (the record's environment says that)."""
+    return {k: v for k, v in vars(args).items() if k not in ("output", "device")}
+
+
+def record_run(section: str, args: argparse.Namespace, measure: Callable[[dict, Any], dict],
+               config: dict | None = None) -> dict:
+    """A one-process CLI's last step: `measure(config, device)` for the parsed options (or the
+    `config` made from them), written as one record of `section`."""
+    config = parsed_config(args) if config is None else config
+    return run_and_record(section, config, args.output, lambda device: measure(config, device),
+                          args.device)

@@ -15,6 +15,7 @@ from cs336_systems.lm.step import MODES
 from cs336_systems.pipeline.cli import (
     add_common_arguments,
     non_negative_int,
+    parsed_config,
     positive_int,
 )
 
@@ -76,6 +77,6 @@ def training_config(parser: argparse.ArgumentParser, argv: list[str] | None
         parser.error("--bucket-size-mb goes with --variant bucketed, and only with it")
     if args.bucket_size_mb is not None and args.bucket_size_mb <= 0:
         parser.error(f"--bucket-size-mb must be positive, got {args.bucket_size_mb}")
-    config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
+    config = parsed_config(args)
     config["backend"] = args.backend or backend_for(args.device)
     return config, args.output, args.device

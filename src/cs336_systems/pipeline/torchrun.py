@@ -73,9 +73,12 @@ class WorkerFailure(RuntimeError):
 
 
 def launch_or_work(module: str, section: str, config: dict, output: str, work: Work,
-                   world_size: int, backend: str, argv: Sequence[str],
+                   world_size: int, backend: str, argv: Sequence[str] | None = None,
                    timeout_s: float = 540) -> None:
-    """Launcher (record one configuration) or worker (run `work` on this rank), see above."""
+    """Launcher (record one configuration) or worker (run `work` on this rank), see above.
+    `argv`: the module's arguments, for torchrun to start it again with (default: this
+    process's)."""
+    argv = sys.argv[1:] if argv is None else argv
     if "LOCAL_RANK" in os.environ:  # each worker parsed the same arguments into `config`
         _work(work, config, backend)
         return

@@ -2,7 +2,8 @@
 
 Eager attention and torch.compile of it by (d, seq), under a memory cap; the whole model compiled.
 
-    time_attention.py  one (d, seq, variant, cap) (rule attention)
-    report.py          records -> tables, figures, facts
-    template.md.j2     facts -> prose
+    time_attention.py    CLI: one (d, seq, variant, cap) (rule attention)
+    attention_timing.py  what it measures
+    report.py            records -> tables, figures, facts
+    template.md.j2       facts -> prose
 """

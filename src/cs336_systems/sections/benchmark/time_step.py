@@ -11,27 +11,12 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
-from cs336_systems.lm.build import build_lm_step
-from cs336_systems.lm.model import count_parameters, forward_flops
-from cs336_systems.measure.memory import peak_gib, reset_peak
-from cs336_systems.measure.timing import time_phases
-from cs336_systems.pipeline.cli import add_common_arguments
+from cs336_systems.pipeline.cli import (
+    add_common_arguments,
+    record_run,
+)
 from cs336_systems.pipeline.options import add_lm_step_arguments, check_context_length
-from cs336_systems.pipeline.records import run_and_record
-
-
-def measure(config: dict, device: torch.device) -> dict:
-    # with --compile, compiled on the first (warm-up) step: step_warmup_ms_samples[0]
-    model, phases = build_lm_step(config, device)
-    reset_peak(device)
-    times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"])
-    flops = forward_flops(config["size"], config["batch_size"], config["context_length"]) * (
-        1 if config["mode"] == "forward" else 3)
-    metrics = {"parameters": count_parameters(model), "model_flops_per_step": flops,
-               **times.metrics(), "peak_gib": peak_gib(device)}
-    return metrics
+from cs336_systems.sections.benchmark.step_timing import measure
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -43,10 +28,9 @@ def main(argv: list[str] | None = None) -> dict:
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     check_context_length(parser, args)
-    config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
-    return run_and_record("benchmark", config, args.output,
-                          lambda device: measure(config, device), args.device)
+    return record_run("benchmark", args, measure)
 
 
 if __name__ == "__main__":
     main()
+

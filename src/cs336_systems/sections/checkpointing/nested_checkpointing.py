@@ -16,44 +16,16 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
-from cs336_systems.analysis import checkpoint_trees as ckpt
-from cs336_systems.lm.attention import ATTENTION_IMPLEMENTATIONS, get_attention
-from cs336_systems.lm.model import MODEL_SIZES, RotaryEmbedding, TransformerBlock
-from cs336_systems.pipeline.cli import add_common_arguments, positive_int
+from cs336_systems.lm.attention import ATTENTION_IMPLEMENTATIONS
+from cs336_systems.lm.model import MODEL_SIZES
+from cs336_systems.pipeline.cli import (
+    add_common_arguments,
+    parsed_config,
+    positive_int,
+    record_run,
+)
 from cs336_systems.pipeline.options import check_context_length
-from cs336_systems.pipeline.records import run_and_record
-
-
-def strategies(n: int, units: dict[str, int]) -> dict[str, ckpt.Strategy]:
-    """The compared strategies for n blocks: the named ones and the simulator's optimum."""
-    named = {name: make(n) for name, (_, make) in ckpt.STRATEGIES.items()}
-    return {**named, ckpt.OPTIMAL: ckpt.optimal(n, units["activations"], units["boundary"])[0]}
-
-
-def measure(config: dict, device: torch.device) -> dict:
-    spec = MODEL_SIZES[config["size"]]
-    torch.manual_seed(config["seed"])
-    rope = RotaryEmbedding(spec.d_model // spec.num_heads, config["context_length"],
-                           device=device)
-    blocks = [TransformerBlock(spec.d_model, spec.num_heads, spec.d_ff, rope,
-                               get_attention(config["attention"]), device=device)
-              for _ in range(max(config["blocks"]))]
-    shape = (config["batch_size"], config["context_length"], spec.d_model)
-    units = ckpt.block_units(blocks, shape, device)
-    rows = []
-    for n in config["blocks"]:
-        for name, strategy in strategies(n, units).items():
-            measured = ckpt.measure_strategy(strategy, blocks[:n], shape, device,
-                                             seed=config["seed"])
-            simulated = ckpt.simulate(strategy, units["activations"], units["boundary"])
-            rows.append({"strategy": name, "blocks": n, "tree": ckpt.notation(strategy),
-                         "peak_bytes": measured["peak_bytes"],
-                         "block_calls": measured["block_calls"],
-                         "simulated_peak_bytes": simulated.peak,
-                         "simulated_compute": simulated.compute})
-    return {"units": units, "rows": rows, "peak_source": measured["peak_source"]}
+from cs336_systems.sections.checkpointing.nested import measure
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -69,11 +41,10 @@ def main(argv: list[str] | None = None) -> dict:
     add_common_arguments(parser)
     args = parser.parse_args(argv)
     check_context_length(parser, args)
-    config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
-    config["blocks"] = sorted(set(config["blocks"]))
-    return run_and_record("checkpointing", config, args.output,
-                          lambda device: measure(config, device), args.device)
+    config = {**parsed_config(args), "blocks": sorted(set(args.blocks))}
+    return record_run("checkpointing", args, measure, config)
 
 
 if __name__ == "__main__":
     main()
+

@@ -13,44 +13,16 @@ iteration's time is the slowest rank's. Algorithm bandwidth = bytes / time; bus 
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-
-import torch
-import torch.distributed as dist
 
 from cs336_systems.distributed.launch import BACKENDS
-from cs336_systems.measure.timing import summarize, time_phases
 from cs336_systems.pipeline.cli import (
     add_common_arguments,
     non_negative_int,
+    parsed_config,
     positive_int,
 )
 from cs336_systems.pipeline.torchrun import launch_or_work
-
-
-def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:
-    size_bytes = int(config["size_mb"] * 1e6)
-    torch.manual_seed(config["seed"] + rank)
-    tensor = torch.randn(size_bytes // 4, device=device)
-    phases = [("allreduce", lambda: dist.all_reduce(tensor)),
-              ("rescale", lambda: tensor.div_(world_size))]  # keeps the values bounded
-    times = time_phases(phases, device, config["warmup"], config["iterations"], total_name=None)
-    times_ms = times.measured_ms["allreduce"]
-    per_rank: list[list[float]] = [None] * world_size  # type: ignore[list-item]
-    dist.all_gather_object(per_rank, times_ms)
-    slowest = [max(ranks) for ranks in zip(*per_rank)]
-    stats = summarize(slowest)
-    seconds = stats["median"] / 1e3
-    algbw = size_bytes / seconds / 1e9
-    return {
-        **{f"allreduce_ms_{k}": v for k, v in stats.items()},
-        "allreduce_ms_samples": slowest,
-        "rank_mean_ms": [statistics.fmean(t) for t in per_rank],
-        "size_bytes": size_bytes,
-        "algbw_gbps": algbw,
-        "busbw_gbps": algbw * 2 * (world_size - 1) / world_size,
-    }
+from cs336_systems.sections.distributed.allreduce_timing import work
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,10 +37,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.size_mb <= 0:
         parser.error(f"--size-mb must be positive, got {args.size_mb}")
-    config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
+    config = parsed_config(args)
     launch_or_work("cs336_systems.sections.distributed.time_allreduce", "allreduce", config, args.output, work,
-                   args.world_size, args.backend, sys.argv[1:] if argv is None else argv)
+                   args.world_size, args.backend, argv)
 
 
 if __name__ == "__main__":
     main()
+

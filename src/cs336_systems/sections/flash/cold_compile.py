@@ -17,18 +17,8 @@ import time
 
 import torch
 
-from cs336_systems.lm.attention import get_attention
 from cs336_systems.lm.precision import PRECISIONS
-from cs336_systems.measure.timing import synchronize
-from cs336_systems.sections.flash.targets import OURS
-
-
-def first_compiled_step(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                        causal: bool) -> None:
-    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
-    attend = torch.compile(get_attention(OURS))
-    attend(q, k, v, causal).backward(torch.randn_like(q))
-    synchronize(device)
+from cs336_systems.sections.flash.speed import first_compiled_step
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -13,8 +13,12 @@ from __future__ import annotations
 import argparse
 
 from cs336_systems.lm.precision import PRECISIONS
-from cs336_systems.pipeline.cli import add_common_arguments, positive_int
-from cs336_systems.pipeline.records import run_and_record
+from cs336_systems.pipeline.cli import (
+    add_common_arguments,
+    parsed_config,
+    positive_int,
+    record_run,
+)
 from cs336_systems.sections.flash.kernel_timings import measure
 from cs336_systems.sections.flash.targets import parse_shape
 
@@ -29,10 +33,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="profiled forward+backward steps per variant")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
-    config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
-    config["shape"] = list(args.shape)
-    return run_and_record("flash_kernels", config, args.output,
-                          lambda device: measure(config, device), args.device)
+    config = {**parsed_config(args), "shape": list(args.shape)}
+    return record_run("flash_kernels", args, measure, config)
 
 
 if __name__ == "__main__":

@@ -60,21 +60,28 @@ def binaries() -> dict[str, dict]:
     return out
 
 
+def _attend(attention: str, atomic: bool):
+    """The variant's attention: the registry's, or our kernel with dQ by atomic adds."""
+    if not atomic:
+        return get_attention(attention)
+    from cs336_systems.kernels.flash_triton import DEFAULT_FP32_PRECISION, FlashAttentionTriton
+    return lambda q, k, v, causal: FlashAttentionTriton.apply(q, k, v, causal,
+                                                              DEFAULT_FP32_PRECISION, True)
+
+
 def profile_variants(shape, dtype: torch.dtype, causal: bool, steps: int,
                      device: torch.device) -> tuple[list[dict], list[dict]]:
     """(kernels, variants): each kernel's time per step by variant, and each variant's status."""
-    from cs336_systems.kernels import flash_triton
     q, k, v, grad_o = inputs = attention_inputs(shape, dtype, device)
     runs, variants = {}, []
     for variant, (attention, atomic) in VARIANTS.items():
         if reason := unavailable_reason(attention, q, k, v, causal):
             variants.append({"variant": variant, "status": "skipped", "message": reason})
             continue
-        attend = get_attention(attention)
+        attend = _attend(attention, atomic)
 
-        def step(attend=attend, atomic=atomic):
-            with flash_triton.dq_by_atomic_adds(atomic):  # gradients returned, not added into .grad
-                torch.autograd.grad(attend(q, k, v, causal), (q, k, v), grad_o)
+        def step(attend=attend):  # gradients returned, not added into .grad
+            torch.autograd.grad(attend(q, k, v, causal), (q, k, v), grad_o)
         for _ in range(WARMUP):
             step()
         runs[variant] = step

@@ -203,6 +203,15 @@ def measure_longest(config: dict, device: torch.device) -> list[dict]:
 
 # --- cold_compile: compilation from empty caches, in a fresh process -------------------------
 
+def first_compiled_step(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                        causal: bool) -> None:
+    """The child's work: one compiled forward+backward of our kernel, to its end on the device."""
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    attend = torch.compile(get_attention(OURS))
+    attend(q, k, v, causal).backward(torch.randn_like(q))
+    synchronize(device)
+
+
 def measure_cold_compile(config: dict, device: torch.device) -> list[dict]:
     """Seconds from starting a fresh process, whose Triton and Inductor caches are empty
     folders, to the end of its first compiled forward+backward of the shape."""

@@ -21,8 +21,11 @@ import argparse
 from cs336_systems.kernels.checks import MAX_HEAD_DIM  # on a CPU: TRITON_INTERPRET=1
 from cs336_systems.lm.attention import ATTENTION_IMPLEMENTATIONS
 from cs336_systems.lm.precision import PRECISIONS
-from cs336_systems.pipeline.cli import add_common_arguments, positive_int
-from cs336_systems.pipeline.records import run_and_record
+from cs336_systems.pipeline.cli import (
+    add_common_arguments,
+    positive_int,
+    record_run,
+)
 from cs336_systems.sections.flash.latency import measure
 
 
@@ -41,9 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if not 1 <= args.d <= MAX_HEAD_DIM:
         parser.error(f"--d must be from 1 to {MAX_HEAD_DIM}, got {args.d}")
-    config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
-    return run_and_record("flash", config, args.output, lambda device: measure(config, device),
-                          args.device)
+    return record_run("flash", args, measure)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,12 @@ from __future__ import annotations
 import argparse
 
 from cs336_systems.lm.precision import PRECISIONS
-from cs336_systems.pipeline.cli import add_common_arguments, positive_int
-from cs336_systems.pipeline.records import run_and_record
+from cs336_systems.pipeline.cli import (
+    add_common_arguments,
+    parsed_config,
+    positive_int,
+    record_run,
+)
 from cs336_systems.sections.flash.speed import measure
 from cs336_systems.sections.flash.targets import GROUPS, parse_shape
 
@@ -30,10 +34,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="interleaved do_bench rounds per implementation and shape")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
-    config = {k: v for k, v in vars(args).items() if k not in ("output", "device")}
-    config["shapes"] = [list(s) for s in args.shapes]
-    return run_and_record("flash_speed", config, args.output,
-                          lambda device: measure(config, device), args.device)
+    config = {**parsed_config(args), "shapes": [list(s) for s in args.shapes]}
+    return record_run("flash_speed", args, measure, config)
 
 
 if __name__ == "__main__":

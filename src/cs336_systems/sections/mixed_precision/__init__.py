@@ -3,7 +3,8 @@
 Accumulation in each precision, autocast dtypes of the toy model, LayerNorm's errors; (c)
 reads the benchmark's records.
 
-    run_study.py  one study (rules mixed_precision_accumulation, _toy_model, _layernorm)
+    run_study.py  CLI: one study (rules mixed_precision_accumulation, _toy_model, _layernorm)
+    study.py      what it measures
     report.py     records -> tables, figures, facts
     template.md.j2facts -> prose
 """
