@@ -8,8 +8,8 @@ from support.checkout import ROOT
 from support.house import (
     circles,
     entry_points,
-    functions_and_classes,
     floors_from,
+    functions_and_classes,
     imports_of_entry_points,
     package_imports,
     upward,

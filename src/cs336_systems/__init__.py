@@ -14,16 +14,11 @@ The names below are imported on first use, so importing a subpackage loads nothi
 
 from cs336_systems.lazy import lazy_exports
 
-EXPORTS = {
-    "ATTENTION_IMPLEMENTATIONS": "cs336_systems.lm.attention",
-    "get_attention": "cs336_systems.lm.attention",
-    "cross_entropy": "cs336_systems.lm.loss",
-    "MODEL_SIZES": "cs336_systems.lm.model",
-    "TransformerLM": "cs336_systems.lm.model",
-    "build_model": "cs336_systems.lm.model",
-    "parameter_count": "cs336_systems.lm.model",
-    "AdamW": "cs336_systems.lm.adamw",
-    "FusedAdamW": "cs336_systems.lm.fused_adamw",
+EXPORTS = {  # module: the names it defines
+    "cs336_systems.lm.attention": ("ATTENTION_IMPLEMENTATIONS", "get_attention"),
+    "cs336_systems.lm.loss": ("cross_entropy",),
+    "cs336_systems.lm.model": ("MODEL_SIZES", "TransformerLM", "build_model", "parameter_count"),
+    "cs336_systems.lm.adamw": ("AdamW",),
+    "cs336_systems.lm.fused_adamw": ("FusedAdamW",),
 }
-__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
-__all__ = list(EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, EXPORTS)

@@ -45,7 +45,7 @@ def test_lazy_exports_lead_to_the_defining_module(tmp_path):
     (package / "kit").mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "kit/__init__.py").write_text(
-        'EXPORTS = {"a": "cs336_systems.kit.one", "b": "cs336_systems.kit.two"}\n')
+        'EXPORTS = {"cs336_systems.kit.one": ("a",), "cs336_systems.kit.two": ("b",)}\n')
     (package / "kit/one.py").write_text("a = 1\n")
     (package / "kit/two.py").write_text("b = 2\n")
     (package / "job.py").write_text("from cs336_systems.kit import a\n")

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from cs336_systems.analysis.attention_memory import eager_attention_bytes
-from cs336_systems.report.facts import jsonable
+from cs336_systems.report.facts import jsonable, speedup
+from cs336_systems.report.tables import to_markdown
 from cs336_systems.sections.attention import report as attention
 from cs336_systems.sections.flash import report as flash
 from support.checkout import ROOT, project_yaml
@@ -203,7 +204,7 @@ def test_the_whole_model_summary_counts_faster_slower_and_ties_per_mode():
     def row(size, mode, vanilla, compiled, std):
         return {"size": size, "mode": mode, "vanilla_ms": vanilla, "vanilla_std": std,
                 "compiled_ms": compiled, "compiled_std": std, "compile_ms": 1000.0 * compiled,
-                "speedup": attention.speedup(compiled, vanilla, std, std)}
+                "speedup": speedup(compiled, vanilla, std, std)}
     rows = [row("small", "forward", 20.0, 10.0, 0.1), row("xl", "forward", 100.0, 101.0, 2.0),
             row("small", "train-step", 50.0, 60.0, 0.1)]
     summary = attention.model_compile_summary(rows)
@@ -212,5 +213,5 @@ def test_the_whole_model_summary_counts_faster_slower_and_ties_per_mode():
     assert (forward["min"], forward["max"]) == pytest.approx((100 / 101, 2.0))
     assert (forward["compile_s_min"], forward["compile_s_max"]) == pytest.approx((10.0, 101.0))
     assert (summary["train-step"]["slower"], summary["train-step"]["faster"]) == (1, 0)
-    table = attention.to_markdown(attention.model_compile_display(rows))
+    table = to_markdown(attention.model_compile_display(rows))
     assert "| 0.99x *" in table and "| 2.00x " in table

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from cs336_systems.pipeline.config import merged_presets
+from cs336_systems.report import tables
 from cs336_systems.report.facts import read_facts, write_facts
 from cs336_systems.sections.flash import report as flash
 from cs336_systems.sections.flash import speed, time_targets
@@ -456,7 +457,7 @@ def test_tflops_by_hand(tmp_path):
     assert row["forward_backward_tflops"] == pytest.approx(3.5 * 4.294967296e9 / 2e-3 / 1e12)
     assert row["forward_tflops"] == pytest.approx(4.294967296e9 / 0.5e-3 / 1e12)
     assert row["backward_tflops"] == pytest.approx(2.5 * 4.294967296e9 / 1.5e-3 / 1e12)
-    assert "| 7.5 " in flash.to_markdown(flash.display_table(table, flash.overhead_cells(table)))
+    assert "| 7.5 " in tables.to_markdown(flash.display_table(table, flash.overhead_cells(table)))
 
 
 def test_mixed_commits_are_said(tmp_path):
@@ -507,7 +508,7 @@ def test_a_record_from_before_a_target_says_what_is_missing(tmp_path):
 def test_a_long_speed_table_is_summarised_one_row_per_target(tmp_path, monkeypatch):
     """Over MAX_SHOWN_ROWS rows, the text shows one row per target (how many meet it, the
     range, the farthest miss) and links the CSV that holds every row."""
-    monkeypatch.setattr(speed_report, "MAX_SHOWN_ROWS", 5)
+    monkeypatch.setattr(tables, "MAX_SHOWN_ROWS", 5)
     speed = _speed_records(tmp_path)
     facts = _facts(tmp_path, speed)
     sp = facts["speed"]

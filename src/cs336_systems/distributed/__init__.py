@@ -16,20 +16,13 @@ The names below are imported on first use.
 
 from cs336_systems.lazy import lazy_exports
 
-EXPORTS = {
-    "DDP": "cs336_systems.distributed.ddp",
-    "DDPBucketed": "cs336_systems.distributed.ddp",
-    "assign_buckets": "cs336_systems.distributed.ddp",
-    "FSDP": "cs336_systems.distributed.fsdp",
-    "cleanup": "cs336_systems.distributed.launch",
-    "free_port": "cs336_systems.distributed.launch",
-    "require_initialized": "cs336_systems.distributed.launch",
-    "setup_from_env": "cs336_systems.distributed.launch",
-    "spawn": "cs336_systems.distributed.launch",
-    "allreduce_gradients_flat": "cs336_systems.distributed.naive",
-    "allreduce_gradients_individually": "cs336_systems.distributed.naive",
-    "broadcast_parameters": "cs336_systems.distributed.naive",
-    "ShardedOptimizer": "cs336_systems.distributed.sharded_optimizer",
+EXPORTS = {  # module: the names it defines
+    "cs336_systems.distributed.ddp": ("DDP", "DDPBucketed", "assign_buckets"),
+    "cs336_systems.distributed.fsdp": ("FSDP",),
+    "cs336_systems.distributed.launch": (
+        "cleanup", "free_port", "require_initialized", "setup_from_env", "spawn"),
+    "cs336_systems.distributed.naive": (
+        "allreduce_gradients_flat", "allreduce_gradients_individually", "broadcast_parameters"),
+    "cs336_systems.distributed.sharded_optimizer": ("ShardedOptimizer",),
 }
-__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
-__all__ = list(EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, EXPORTS)

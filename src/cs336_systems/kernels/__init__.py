@@ -11,12 +11,10 @@ from cs336_systems.lazy import lazy_exports
 
 interpret_without_cuda()
 
-EXPORTS = {
-    "FlashAttentionPytorch": "cs336_systems.kernels.flash_pytorch",
-    "FlashAttentionTriton": "cs336_systems.kernels.flash_triton",
-    "FlashAttentionTritonTorchBackward": "cs336_systems.kernels.flash_triton",
-    "WeightedSumFn": "cs336_systems.kernels.weighted_sum",
-    "weighted_sum": "cs336_systems.kernels.weighted_sum",
+EXPORTS = {  # module: the names it defines
+    "cs336_systems.kernels.flash_pytorch": ("FlashAttentionPytorch",),
+    "cs336_systems.kernels.flash_triton": (
+        "FlashAttentionTriton", "FlashAttentionTritonTorchBackward"),
+    "cs336_systems.kernels.weighted_sum": ("WeightedSumFn", "weighted_sum"),
 }
-__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
-__all__ = list(EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, EXPORTS)

@@ -31,6 +31,15 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def section_parser(doc: str) -> argparse.ArgumentParser:
+    """A section CLI's parser: its module docstring as the help, and the options every CLI
+    takes (`add_common_arguments`)."""
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser)
+    return parser
+
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto",
                         help="auto (cuda if available, else cpu), cpu, cuda or cuda:N")

@@ -13,7 +13,6 @@ from cs336_systems.lm.optimizer import FLAT_OPTIMIZERS
 from cs336_systems.lm.precision import PRECISIONS
 from cs336_systems.lm.step import MODES
 from cs336_systems.pipeline.cli import (
-    add_common_arguments,
     non_negative_int,
     parsed_config,
     positive_int,
@@ -62,7 +61,6 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, size: str, contex
     parser.add_argument("--trace", default=None, help="where to write rank 0's profiler trace")
     parser.add_argument("--optimizer", default="adamw", choices=list(FLAT_OPTIMIZERS),
                         help="the optimizer of every rank")
-    add_common_arguments(parser)
 
 
 def training_config(parser: argparse.ArgumentParser, argv: list[str] | None

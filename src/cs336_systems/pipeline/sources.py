@@ -17,6 +17,7 @@ import ast
 from functools import cache
 from pathlib import Path
 
+from cs336_systems.lazy import defining_modules
 from cs336_systems.paths import SRC_ROOT
 
 PACKAGE = "cs336_systems"
@@ -33,7 +34,7 @@ def _module_file(module: str, src_root: Path) -> Path | None:
 
 def _package_exports(init_path: Path, package: str) -> dict[str, str]:
     """name -> defining module, for the re-exports of an __init__: its `from pkg.mod import
-    name` statements and its lazy `EXPORTS = {name: module}` table (`cs336_systems.lazy`)."""
+    name` statements and its lazy `EXPORTS = {module: names}` table (`cs336_systems.lazy`)."""
     exports = {}
     for node in ast.parse(init_path.read_text()).body:
         if isinstance(node, ast.ImportFrom):
@@ -42,7 +43,7 @@ def _package_exports(init_path: Path, package: str) -> dict[str, str]:
                 exports[alias.asname or alias.name] = source
         elif (isinstance(node, ast.Assign) and len(node.targets) == 1
               and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "EXPORTS"):
-            exports.update(ast.literal_eval(node.value))
+            exports.update(defining_modules(ast.literal_eval(node.value)))
     return exports
 
 

@@ -15,26 +15,8 @@ from cs336_systems.analysis.attention_memory import eager_attention_bytes
 from cs336_systems.lm.attention import attention_label
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.records import read_record
-from cs336_systems.report import figures
-from cs336_systems.report.facts import (
-    covered,
-    not_in_preset,
-    not_ok,
-    overhead_bound,
-    overhead_rule,
-    speedup,
-)
+from cs336_systems.report import facts, figures, tables
 from cs336_systems.report.render import fmt, fmt_ratio
-from cs336_systems.report.tables import (
-    ensure_columns,
-    env_columns,
-    env_summary,
-    mean_pm_std,
-    read_table,
-    records_frame,
-    to_markdown,
-    write_table,
-)
 
 GIB = 2**30
 SHAPE = ["d", "seq"]
@@ -52,13 +34,13 @@ def cap_label(cap) -> str:
 
 
 def attention_table(paths: list[str]) -> pd.DataFrame:
-    frame = ensure_columns(records_frame(paths),
+    frame = tables.ensure_columns(tables.records_frame(paths),
                            ["memory_cap_gib", "message", *METRICS])
     frame["variant"] = np.where(frame["compile"].astype(bool), "compiled", "eager")
     frame["cap"] = frame["memory_cap_gib"].map(cap_label)
     frame = frame.sort_values(["memory_cap_gib", "d", "seq", "variant"], na_position="first")
     return frame[["variant", "d", "seq", "batch_size", "causal", "warmup", "iterations",
-                  "memory_cap_gib", "cap", "status", *METRICS, "message", *env_columns(frame)]]
+                  "memory_cap_gib", "cap", "status", *METRICS, "message", *tables.env_columns(frame)]]
 
 
 def _cell(row: pd.Series) -> str:
@@ -91,7 +73,8 @@ def model_table(compiled: list[str], vanilla: list[str]) -> pd.DataFrame:
     (warm-up) step, which holds the compilation."""
     frames = []
     for paths, variant in ((vanilla, "vanilla"), (compiled, "compiled")):
-        frame = ensure_columns(records_frame(paths), ["message", "step_ms_mean", "step_ms_std",
+        frame = tables.ensure_columns(tables.records_frame(paths),
+                                      ["message", "step_ms_mean", "step_ms_std",
                                                       "step_ms_median", "forward_ms_mean",
                                                       "backward_ms_mean", "optimizer_ms_mean"])
         frame["variant"] = variant
@@ -103,7 +86,7 @@ def model_table(compiled: list[str], vanilla: list[str]) -> pd.DataFrame:
     keep = ["size", "context_length", "mode", "precision", "warmup_steps", "variant", "status",
             "step_ms_mean", "step_ms_std", "step_ms_median", "forward_ms_mean",
             "backward_ms_mean", "optimizer_ms_mean", "first_step_ms", "message",
-            *env_columns(frame)]
+            *tables.env_columns(frame)]
     return frame[keep]
 
 
@@ -248,18 +231,18 @@ def compile_facts(table: pd.DataFrame) -> dict | None:
             pairs[(cap, d, seq)] = by
     if not pairs:
         return None
-    out = {"cap": first_cap, "overhead": overhead_rule()}
+    out = {"cap": first_cap, "overhead": facts.overhead_rule()}
     # a pass whose time hardly grows with the shape's work (batch x seq^2 x d) measured
     # launches: its pair is counted apart
     work = ok["batch_size"] * ok["seq"].astype(float) ** 2 * ok["d"]
     for p in PASSES:
-        flat = overhead_bound(ok, ["variant", "d"], work, f"{p}_ms_mean")
+        flat = facts.overhead_bound(ok, ["variant", "d"], work, f"{p}_ms_mean")
         busy = [by for key, by in pairs.items() if not flat[by["index"]].any()]
-        s = [speedup(by.loc["compiled", f"{p}_ms_mean"], by.loc["eager", f"{p}_ms_mean"],
+        s = [facts.speedup(by.loc["compiled", f"{p}_ms_mean"], by.loc["eager", f"{p}_ms_mean"],
                      by.loc["compiled", f"{p}_ms_std"], by.loc["eager", f"{p}_ms_std"])
              for by in busy]
         ratios = pd.Series([x["ratio"] for x in s if x], dtype=float)
-        out[p] = {"median": speedup(1.0, ratios.median()) if len(ratios) else None,
+        out[p] = {"median": facts.speedup(1.0, ratios.median()) if len(ratios) else None,
                   "min": ratios.min(), "max": ratios.max(), "shapes": len(ratios),
                   "overhead_bound": len(pairs) - len(busy),
                   "faster": int((ratios > 1).sum()),
@@ -293,7 +276,7 @@ def model_compile_facts(models: pd.DataFrame) -> list[dict]:
         out.append({"size": size, "mode": mode, "vanilla_ms": v["step_ms_mean"],
                     "vanilla_std": v["step_ms_std"], "compiled_ms": c["step_ms_mean"],
                     "compiled_std": c["step_ms_std"],
-                    "speedup": speedup(c["step_ms_mean"], v["step_ms_mean"], c["step_ms_std"],
+                    "speedup": facts.speedup(c["step_ms_mean"], v["step_ms_mean"], c["step_ms_std"],
                                        v["step_ms_std"]),
                     # the compiled first step's extra time beyond vanilla's (start-up in both)
                     "compile_ms": (c["first_step_ms"] - c["step_ms_median"])
@@ -306,8 +289,8 @@ def model_compile_display(rows: list[dict]) -> pd.DataFrame:
     inside the two times' spread) and the compilation the first step paid."""
     return pd.DataFrame([{
         "size": r["size"], "mode": r["mode"],
-        "vanilla ms": mean_pm_std(r["vanilla_ms"], r["vanilla_std"]),
-        "compiled ms": mean_pm_std(r["compiled_ms"], r["compiled_std"]),
+        "vanilla ms": tables.mean_pm_std(r["vanilla_ms"], r["vanilla_std"]),
+        "compiled ms": tables.mean_pm_std(r["compiled_ms"], r["compiled_std"]),
         "compiled speed-up": fmt_ratio(r["speedup"]["ratio"])
         + (" *" if r["speedup"]["within_spread"] else ""),
         "compilation s": fmt(r["compile_ms"] / 1000, 1)} for r in rows])
@@ -337,10 +320,10 @@ def model_compile_summary(rows: list[dict]) -> dict:
 def _left_out(table: pd.DataFrame, models: pd.DataFrame, assignment: dict) -> tuple[str, str]:
     """What of the full matrix (the config's defaults) this preset leaves out: of the
     attention sweep, and of the sweep plus the whole-model sizes."""
-    sweep = not_in_preset({"d": (assignment["d_heads"], table["d"]),
+    sweep = facts.not_in_preset({"d": (assignment["d_heads"], table["d"]),
                            "seq": (assignment["seq_lengths"], table["seq"])},
                           lead="not in this preset's sweep")
-    sizes = not_in_preset({"sizes": (assignment["model_compile"]["sizes"], models["size"])},
+    sizes = facts.not_in_preset({"sizes": (assignment["model_compile"]["sizes"], models["size"])},
                           lead="whole model")
     return sweep, "; ".join(filter(None, [sweep, sizes]))
 
@@ -380,9 +363,9 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     the section's facts. options: assignment, the attention part of the full matrix."""
     table = attention_table(records["records"])
     models = model_table(records["compiled_model"], records["vanilla_model"])
-    flash = read_table(records["flash_table"][0])
-    write_table(table, outputs["table"])
-    write_table(models, outputs["model_table"])
+    flash = tables.read_table(records["flash_table"][0])
+    tables.write_table(table, outputs["table"])
+    tables.write_table(models, outputs["model_table"])
     memory_figure(table, outputs["memory_figure"])
 
     eager = table[table["variant"] == "eager"]
@@ -394,21 +377,23 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     scaling = scaling_facts(uncapped, "memory_before_backward_gib")
     model_compile = model_compile_facts(models)
     return {
-        "env": env_summary(table, models),
+        "env": tables.env_summary(table, models),
         "coverage": {
-            "pytorch_attention": covered(eager, missing=sweep_missing, anchor="pytorch_attention"),
-            "torch_compile": covered(pd.concat([table[table["variant"] == "compiled"], models]),
-                                     missing=compile_missing, anchor="torch_compile"),
+            "pytorch_attention": facts.covered(eager, missing=sweep_missing,
+                                               anchor="pytorch_attention"),
+            "torch_compile": facts.covered(
+                pd.concat([table[table["variant"] == "compiled"], models]),
+                missing=compile_missing, anchor="torch_compile"),
         },
         "setup": None if first is None else {
             "batch_size": first["batch_size"], "causal": bool(first["causal"]),
             "warmup": first["warmup"], "iterations": first["iterations"],
             "caps": list(dict.fromkeys(table["cap"]))},
         "on_cuda": bool("env_device" in table and (table["env_device"] == "cuda").any()),
-        "tables": [{"cap": cap, "table": to_markdown(display_table(group))}
+        "tables": [{"cap": cap, "table": tables.to_markdown(display_table(group))}
                    for cap, group in table.groupby("cap", sort=False)],
         "oom": oom_facts(table),
-        "failures": [f for f in not_ok(table, ["variant", "d", "seq", "cap"])
+        "failures": [f for f in facts.not_ok(table, ["variant", "d", "seq", "cap"])
                      if f["status"] != "oom"],
         "accounting": accounting_facts(eager),
         "scaling": scaling,
@@ -417,7 +402,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "flash_memory": flash_memory_facts(flash),
         "compile": compile_facts(table),
         "model_compile": model_compile,
-        "model_compile_table": to_markdown(model_compile_display(model_compile))
+        "model_compile_table": tables.to_markdown(model_compile_display(model_compile))
         if model_compile else "",
         "model_compile_summary": model_compile_summary(model_compile),
         "memory_figure": outputs["memory_figure"],

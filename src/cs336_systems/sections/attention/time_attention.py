@@ -17,18 +17,12 @@ from __future__ import annotations
 
 import argparse
 
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    non_negative_int,
-    positive_int,
-    record_run,
-)
+from cs336_systems.pipeline.cli import non_negative_int, positive_int, record_run, section_parser
 from cs336_systems.sections.attention.attention_timing import measure
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--d", type=positive_int, required=True, help="head dimension")
     parser.add_argument("--seq", type=positive_int, required=True, help="sequence length")
     parser.add_argument("--batch-size", type=positive_int, default=8)
@@ -39,7 +33,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--iterations", type=positive_int, default=100)
     parser.add_argument("--memory-cap-gib", type=float, default=None,
                         help="let this process use at most this much GPU memory")
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     if args.compile and args.warmup < 1:
         parser.error("--compile needs --warmup of at least 1, or compilation lands in the timings")

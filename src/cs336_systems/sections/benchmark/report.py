@@ -13,7 +13,7 @@ import pandas as pd
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.step import MODES
 from cs336_systems.records import read_record
-from cs336_systems.report import figures
+from cs336_systems.report import figures, tables
 from cs336_systems.report.facts import (
     covered,
     not_in_preset,
@@ -23,36 +23,28 @@ from cs336_systems.report.facts import (
     speedup,
 )
 from cs336_systems.report.render import fmt
-from cs336_systems.report.tables import (
-    ensure_columns,
-    env_columns,
-    env_summary,
-    long_table,
-    mean_pm_std,
-    records_frame,
-    to_markdown,
-    write_table,
-)
 
 CONFIG_COLUMNS = ["size", "context_length", "mode", "precision", "warmup_steps", "measure_steps",
                   "batch_size", "attention"]
 PHASES = ["forward", "backward", "optimizer", "step"]
 METRIC_COLUMNS = (["parameters", "model_flops_per_step"]
-                  + [f"{p}_ms_{s}" for p in PHASES for s in ("mean", "std", "median", "first", "max")]
+                  + [f"{p}_ms_{s}" for p in PHASES for s in ("mean", "std", "median", "first",
+                                                             "max")]
                   + ["peak_gib"])
 SIZE_ORDER = {name: i for i, name in enumerate(MODEL_SIZES)}
 
 
 def build_table(record_paths: list[str], main_warmup_steps: int) -> pd.DataFrame:
     """One row per record; `main_sweep` marks the rows at the main sweep's warm-up count."""
-    frame = ensure_columns(records_frame(record_paths), CONFIG_COLUMNS + METRIC_COLUMNS)
+    frame = tables.ensure_columns(tables.records_frame(record_paths),
+                                  CONFIG_COLUMNS + METRIC_COLUMNS)
     frame["main_sweep"] = frame["warmup_steps"] == main_warmup_steps
     # Achieved model FLOP rate over the whole step (the optimizer's time included).
     frame["model_tflop_per_s"] = frame["model_flops_per_step"] / frame["step_ms_mean"] / 1e9
     frame["size_rank"] = frame["size"].map(SIZE_ORDER)
     frame = frame.sort_values(["size_rank", "context_length", "mode", "precision", "warmup_steps"])
     return frame[CONFIG_COLUMNS + ["main_sweep", "status"] + METRIC_COLUMNS
-                 + ["model_tflop_per_s", "message"] + env_columns(frame)]
+                 + ["model_tflop_per_s", "message"] + tables.env_columns(frame)]
 
 
 def display_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -62,7 +54,7 @@ def display_table(rows: pd.DataFrame) -> pd.DataFrame:
         "precision": rows["precision"], "warm-up": rows["warmup_steps"], "status": rows["status"],
     })
     for phase in PHASES:
-        out[f"{phase} ms"] = [mean_pm_std(m, s) for m, s in
+        out[f"{phase} ms"] = [tables.mean_pm_std(m, s) for m, s in
                               zip(rows[f"{phase}_ms_mean"], rows[f"{phase}_ms_std"])]
     out["model TFLOP/s"] = [fmt(v, 1) if pd.notna(v) else ("n/a" if status == "ok" else "")
                             for v, status in zip(rows["model_tflop_per_s"], rows["status"])]
@@ -208,8 +200,10 @@ def warmup_ablation(table: pd.DataFrame) -> dict | None:
         for w in counts:
             rows.append({"size": where["size"], "context": where["context_length"],
                          "mode": where["mode"], "precision": where["precision"], "warm-up": w,
-                         "step ms": mean_pm_std(g.loc[w, "step_ms_mean"], g.loc[w, "step_ms_std"]),
-                         "std/mean %": fmt(100 * g.loc[w, "step_ms_std"] / g.loc[w, "step_ms_mean"], 1),
+                         "step ms": tables.mean_pm_std(g.loc[w, "step_ms_mean"],
+                                                       g.loc[w, "step_ms_std"]),
+                         "std/mean %": fmt(100 * g.loc[w, "step_ms_std"]
+                                             / g.loc[w, "step_ms_mean"], 1),
                          "first measured step ms": fmt(g.loc[w, "step_ms_first"], 2)})
         cold, warm = g.loc[counts[0]], g.loc[counts[-1]]
         configs.append({
@@ -225,7 +219,7 @@ def warmup_ablation(table: pd.DataFrame) -> dict | None:
                                                  warm["step_ms_std"], g.loc[w, "step_ms_std"])}
                         for w in counts[1:-1]],
         })
-    return {"table": to_markdown(pd.DataFrame(rows)), "configs": configs,
+    return {"table": tables.to_markdown(pd.DataFrame(rows)), "configs": configs,
             "summary": warmup_summary(configs)}
 
 
@@ -247,10 +241,10 @@ def by_size(main: pd.DataFrame) -> dict | None:
     for _, r in at.iterrows():
         row = {"size": r["size"], "status": r["status"]}
         for phase in PHASES:
-            row[f"{phase} ms"] = mean_pm_std(r[f"{phase}_ms_mean"], r[f"{phase}_ms_std"])
+            row[f"{phase} ms"] = tables.mean_pm_std(r[f"{phase}_ms_mean"], r[f"{phase}_ms_std"])
         rows.append(row)
     first, last = (ok.iloc[0], ok.iloc[-1]) if len(ok) else (None, None)
-    return {"context_length": int(context), "table": to_markdown(pd.DataFrame(rows)),
+    return {"context_length": int(context), "table": tables.to_markdown(pd.DataFrame(rows)),
             "smallest": None if first is None else {"size": first["size"],
                                                     "step_ms": first["step_ms_mean"]},
             "largest": None if last is None else {"size": last["size"],
@@ -284,7 +278,7 @@ def warmup_summary(configs: list[dict]) -> dict | None:
 def size_table(table: pd.DataFrame) -> str:
     sizes = sorted(set(table["size"]), key=SIZE_ORDER.get)
     params = table.dropna(subset=["parameters"]).drop_duplicates("size").set_index("size")
-    return to_markdown(pd.DataFrame([
+    return tables.to_markdown(pd.DataFrame([
         {"size": s, "d_model": MODEL_SIZES[s].d_model, "d_ff": MODEL_SIZES[s].d_ff,
          "layers": MODEL_SIZES[s].num_layers, "heads": MODEL_SIZES[s].num_heads,
          "parameters (M, counted)": fmt(params.loc[s, "parameters"] / 1e6, 1)
@@ -309,14 +303,14 @@ def facts(table: pd.DataFrame, outputs: dict[str, str], assignment: dict) -> dic
     coverage = {"benchmarking_script": covered(table, missing=left_out(table, assignment),
                                                anchor="benchmarking_script")}
     return {
-        "env": env_summary(table),
+        "env": tables.env_summary(table),
         "coverage": coverage,
         "batch_size": first["batch_size"] if first is not None else None,
         "measure_steps": first["measure_steps"] if first is not None else None,
         "main_warmup_steps": main["warmup_steps"].iloc[0] if len(main) else None,
         "on_cuda": bool("env_device" in table and (table["env_device"] == "cuda").any()),
         "size_table": size_table(table),
-        "timing": long_table(display_table(main), outputs["table"], step_summary(main)),
+        "timing": tables.long_table(display_table(main), outputs["table"], step_summary(main)),
         "variability": variability(main_ok),
         "backward": backward_share(main_ok),
         "scaling": scaling(main_ok),
@@ -333,7 +327,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     options: main_warmup_steps, the warm-up count of the main sweep; assignment, the
     benchmark part of the full matrix (to say what this preset leaves out)."""
     table = build_table(records["records"], options["main_warmup_steps"])
-    write_table(table, outputs["table"])
+    tables.write_table(table, outputs["table"])
     scaling_figure(table, outputs["scaling_figure"])
     warmup_figure(records["records"], outputs["warmup_figure"])
     return facts(table, outputs, options["assignment"])

@@ -11,21 +11,16 @@ from __future__ import annotations
 
 import argparse
 
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    record_run,
-)
+from cs336_systems.pipeline.cli import record_run, section_parser
 from cs336_systems.pipeline.options import add_lm_step_arguments, check_context_length
 from cs336_systems.sections.benchmark.step_timing import measure
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     add_lm_step_arguments(parser, warmup_steps=5, measure_steps=10)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                         help="torch.compile the whole model (torch_compile, assignment 3.2)")
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     check_context_length(parser, args)
     return record_run("benchmark", args, measure)

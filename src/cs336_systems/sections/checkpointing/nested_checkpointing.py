@@ -14,23 +14,15 @@ compute for the same tree with its units measured on one block here (`block_unit
 
 from __future__ import annotations
 
-import argparse
-
 from cs336_systems.lm.attention import ATTENTION_IMPLEMENTATIONS
 from cs336_systems.lm.model import MODEL_SIZES
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    parsed_config,
-    positive_int,
-    record_run,
-)
+from cs336_systems.pipeline.cli import parsed_config, positive_int, record_run, section_parser
 from cs336_systems.pipeline.options import check_context_length
 from cs336_systems.sections.checkpointing.nested import measure
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--size", required=True, choices=list(MODEL_SIZES),
                         help="the shape of each block (d_model, heads, d_ff)")
     parser.add_argument("--context-length", type=positive_int, required=True)
@@ -38,7 +30,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--blocks", type=positive_int, nargs="+", required=True,
                         help="chain lengths N to measure")
     parser.add_argument("--attention", default="eager", choices=list(ATTENTION_IMPLEMENTATIONS))
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     check_context_length(parser, args)
     config = {**parsed_config(args), "blocks": sorted(set(args.blocks))}

@@ -5,7 +5,8 @@ recomputation at the LM's full size: peak memory and step time per block size.
 `build` is the section's report module entry (see `cs336_systems.sections`); the prose
 is in `template.md.j2`. Inputs: the step records (one per block size, `none`
 for no checkpointing) and the nested-strategy record of real blocks; the simulation itself is
-computed here from `cs336_systems.analysis.checkpoint_trees` (pure Python, no record), with the units of
+computed here from `cs336_systems.analysis.checkpoint_trees` (pure Python,
+                                                              no record), with the units of
 `options["simulation"]`.
 """
 
@@ -23,17 +24,8 @@ from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.sizes import size_label
 from cs336_systems.measure.memory import GIB, PEAK_SOURCES
 from cs336_systems.records import read_record
-from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, not_in_preset, not_ok, reason, speedup
+from cs336_systems.report import facts, figures, tables
 from cs336_systems.report.render import fmt, fmt_ratio
-from cs336_systems.report.tables import (
-    ensure_columns,
-    env_summary,
-    mean_pm_std,
-    records_frame,
-    to_markdown,
-    write_table,
-)
 
 LABELS = {**{name: label for name, (label, _) in ckpt.STRATEGIES.items()},
           OPTIMAL: "least peak (the programme)"}
@@ -221,7 +213,7 @@ def nested_facts(paths: list[str]) -> tuple[pd.DataFrame, dict]:
     record = read_record(paths[0])
     if record["status"] != "ok":
         return pd.DataFrame(), {"measured": False, "status": record["status"],
-                                "reason": reason(record.get("message"))}
+                                "reason": facts.reason(record.get("message"))}
     metrics, config = record["metrics"], record["config"]
     units = metrics["units"]
     s = units["boundary"]
@@ -262,7 +254,7 @@ def nested_facts(paths: list[str]) -> tuple[pd.DataFrame, dict]:
         "simulated_span": frame["simulated_boundaries"].max()
         - frame["simulated_boundaries"].min(),
         "growth": [spans[name] for name in LABELS if name in spans],
-        "table": to_markdown(display)}
+        "table": tables.to_markdown(display)}
 
 
 # --- (b) one level of recomputation at full size ---------------------------------------------
@@ -273,7 +265,7 @@ def block_label(k) -> str:
 
 def step_frame(paths: list[str]) -> pd.DataFrame:
     """One row per block size, checkpointed sizes ascending, then none."""
-    frame = ensure_columns(records_frame(paths), [
+    frame = tables.ensure_columns(tables.records_frame(paths), [
         "checkpoint_block_size", "message", "peak_gib", "start_gib", "above_start_gib",
         "step_ms_mean", "step_ms_std", "forward_ms_mean", "backward_ms_mean", "peak_source",
         "num_layers", "parameter_gradient_gib", "device_gib", "checkpoints"])
@@ -356,7 +348,7 @@ def step_facts(frame: pd.DataFrame, predicted: dict | None) -> dict:
     ref_label = NONE if ref["block_size"] == NONE else f"k={ref['block_size']}"
     rows, table = [], []
     for _, r in frame.iterrows():
-        cmp = (speedup(r["step_ms_mean"], ref["step_ms_mean"], r["step_ms_std"],
+        cmp = (facts.speedup(r["step_ms_mean"], ref["step_ms_mean"], r["step_ms_std"],
                        ref["step_ms_std"]) if r["status"] == "ok" else None)
         sim = simulated.get(r["block_size"]) if simulated else None
         rows.append({"block_size": r["block_size"], "status": r["status"],
@@ -375,13 +367,13 @@ def step_facts(frame: pd.DataFrame, predicted: dict | None) -> dict:
             f"peak − start {unit}": fmt(r["above_start_gib"] * scale, 2),
             **({f"simulated block activations {unit}": fmt(sim * scale, 2)
                 if sim is not None else ""} if simulated else {}),
-            "step ms": mean_pm_std(r["step_ms_mean"], r["step_ms_std"], 1),
+            "step ms": tables.mean_pm_std(r["step_ms_mean"], r["step_ms_std"], 1),
             f"step time / {ref_label}": ratio})
     layers = int(ok["num_layers"].iloc[0])
     sizes = sorted(int(k) for k in frame["checkpoint_block_size"].dropna())
     none = frame[frame["block_size"] == NONE]
     first = ok.iloc[0]
-    out = {"any_ok": True, "table": to_markdown(pd.DataFrame(table)), "rows": rows,
+    out = {"any_ok": True, "table": tables.to_markdown(pd.DataFrame(table)), "rows": rows,
            "unit": unit, "reference": ref_label, "reference_is_none": ref_label == NONE,
            "num_layers": layers, "sizes": sizes, "peak_source": first["peak_source"],
            "on_cuda": first["peak_source"] == PEAK_SOURCES["cuda"],
@@ -405,7 +397,7 @@ def step_facts(frame: pd.DataFrame, predicted: dict | None) -> dict:
     k = int(best["checkpoint_block_size"])
     by_size = {r["block_size"]: r for r in rows}
     near = neighbours(k, sizes, layers)
-    cmp = speedup(best["step_ms_mean"], ref["step_ms_mean"], best["step_ms_std"],
+    cmp = facts.speedup(best["step_ms_mean"], ref["step_ms_mean"], best["step_ms_std"],
                   ref["step_ms_std"])
     out["best"] = {**by_size[str(k)], "block_size": k, "time": cmp, **near,
                    "next_smaller_row": by_size.get(str(near["next_smaller"])),
@@ -460,7 +452,7 @@ def left_out(frame: pd.DataFrame, assignment: dict) -> str:
     if frame.empty:
         return ""
     first = frame.iloc[0]
-    return not_in_preset(
+    return facts.not_in_preset(
         {"block sizes": ([block_label(k) for k in assignment["block_sizes"]],
                          frame["block_size"])},
         more=[f"{what} {size_label(assignment[key])} (ran {size_label(first[key])})"
@@ -478,16 +470,16 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     units = (sim["activations"], sim["boundary"])
     max_blocks = sim["max_blocks"]
     frame, trees = simulation_frame(max_blocks, *units)
-    write_table(frame, outputs["simulation_table"])
+    tables.write_table(frame, outputs["simulation_table"])
     growth = growth_facts(frame, trees, max_blocks, *units)
     front = front_facts(max_blocks, *units, frame)
     simulation_figure(frame, front, outputs["simulation_figure"])
 
     nested, nested_summary = nested_facts(records.get("nested", []))
-    write_table(nested, outputs["nested_table"])
+    tables.write_table(nested, outputs["nested_table"])
 
     steps = step_frame(records["records"])
-    write_table(steps, outputs["step_table"])
+    tables.write_table(steps, outputs["step_table"])
     step_figure(steps, outputs["step_figure"])
     predicted = prediction(steps)
     first = steps.iloc[0] if len(steps) else None
@@ -497,16 +489,16 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
                                 for p in records.get("nested", [])])
     answered = pd.concat([steps[["status", "message"]], nested_rows], ignore_index=True)
     return {
-        "env": env_summary(steps, *([records_frame(records["nested"])]
+        "env": tables.env_summary(steps, *([tables.records_frame(records["nested"])]
                                     if records.get("nested") else [])),
-        "coverage": {"gradient_checkpointing": covered(
+        "coverage": {"gradient_checkpointing": facts.covered(
             answered, anchor="gradient_checkpointing",
             missing=left_out(steps, options["assignment"]))},
         "simulation": {
             "max_blocks": max_blocks, "activations": units[0], "boundary": units[1],
             "fit_from": fit_range(max_blocks)[0],
-            "table": to_markdown(simulation_display(frame, max_blocks)),
-            "growth_table": to_markdown(growth_display(growth, max_blocks)),
+            "table": tables.to_markdown(simulation_display(frame, max_blocks)),
+            "growth_table": tables.to_markdown(growth_display(growth, max_blocks)),
             "growth": growth, "optimum": optimum_facts(frame, max_blocks), "front": front,
             "brute_force": brute_force_facts(sim["brute_force_max_blocks"], *units),
             "figure": outputs["simulation_figure"]},
@@ -517,5 +509,5 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
                    if first is not None else None),
         "prediction": predicted,
         "steps": {**step_facts(steps, predicted), "figure": outputs["step_figure"],
-                  "failures": not_ok(steps, ["block_size"])},
+                  "failures": facts.not_ok(steps, ["block_size"])},
     }

@@ -18,23 +18,14 @@ known before it.
 
 from __future__ import annotations
 
-import argparse
-import sys
-
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    record_run,
-)
+from cs336_systems.pipeline.cli import record_run, section_parser
 from cs336_systems.pipeline.options import add_lm_step_arguments, check_context_length
 from cs336_systems.sections.checkpointing.recompute import measure
 
 
 def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     add_lm_step_arguments(parser, warmup_steps=2, measure_steps=3)
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     check_context_length(parser, args)
     if args.mode == "forward":

@@ -15,27 +15,19 @@ would prove nothing).
 
 from __future__ import annotations
 
-import argparse
-
 from cs336_systems.lm.model import MODEL_SIZES
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    parsed_config,
-    positive_int,
-)
+from cs336_systems.pipeline.cli import parsed_config, positive_int, section_parser
 from cs336_systems.pipeline.torchrun import launch_or_work
 from cs336_systems.sections.distributed.ddp_equivalence import work
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--size", default="tiny", choices=list(MODEL_SIZES))
     parser.add_argument("--context-length", type=positive_int, default=16)
     parser.add_argument("--batch-size", type=positive_int, default=4, help="global batch size")
     parser.add_argument("--world-size", type=positive_int, default=2)
     parser.add_argument("--steps", type=positive_int, default=3)
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     if args.batch_size % args.world_size:
         parser.error(f"--batch-size {args.batch_size} does not split evenly over "

@@ -24,18 +24,9 @@ from cs336_systems.distributed.variants import DDP_VARIANTS, TRAINING_PHASES
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.sizes import size_label
 from cs336_systems.records import read_record
-from cs336_systems.report import figures
+from cs336_systems.report import figures, tables
 from cs336_systems.report.facts import covered, jsonable, not_ok, number, speedup
 from cs336_systems.report.render import fmt
-from cs336_systems.report.tables import (
-    ensure_columns,
-    env_columns,
-    env_summary,
-    mean_pm_std,
-    records_frame,
-    to_markdown,
-    write_table,
-)
 
 ALLREDUCE_METRICS = ["allreduce_ms_median", "allreduce_ms_mean", "allreduce_ms_std",
                      "size_bytes", "algbw_gbps", "busbw_gbps"]
@@ -88,23 +79,23 @@ def _sizes(values) -> str:
 # --- tables --------------------------------------------------------------------------------
 
 def allreduce_table(paths: list[str]) -> pd.DataFrame:
-    frame = ensure_columns(records_frame(paths), ["backend", "world_size", "size_mb"]
+    frame = tables.ensure_columns(tables.records_frame(paths), ["backend", "world_size", "size_mb"]
                            + ALLREDUCE_METRICS)
     frame = frame.sort_values(["backend", "world_size", "size_mb"], ignore_index=True)
     return frame[["backend", "world_size", "size_mb", "status", *ALLREDUCE_METRICS, "message",
-                  *env_columns(frame)]]
+                  *tables.env_columns(frame)]]
 
 
 def ddp_table(paths: list[str]) -> pd.DataFrame:
     """One row per DDP run: by model size, then in the order of `DDP_VARIANTS`, bucketed runs
     by bucket size."""
-    frame = ensure_columns(records_frame(paths), DDP_METRICS + ["bucket_size_mb"])
+    frame = tables.ensure_columns(tables.records_frame(paths), DDP_METRICS + ["bucket_size_mb"])
     frame["variant_rank"] = frame["variant"].map({v: i for i, v in enumerate(DDP_VARIANTS)})
     frame["size_rank"] = frame["size"].map(SIZE_ORDER)
     frame = frame.sort_values(["size_rank", "variant_rank", "bucket_size_mb"], ignore_index=True)
     frame["label"] = [_label(r) for _, r in frame.iterrows()]
     return frame[["variant", "bucket_size_mb", "label", "size", "context_length", "batch_size",
-                  "world_size", "backend", "status", *DDP_METRICS, "message", *env_columns(frame)]]
+                  "world_size", "backend", "status", *DDP_METRICS, "message", *tables.env_columns(frame)]]
 
 
 def timelines(paths: list[str]) -> dict[tuple[str, str], dict]:
@@ -129,14 +120,15 @@ def memory_per_rank(paths: list[str]) -> dict[bool, list[dict]]:
 
 
 def sharded_table(paths: list[str]) -> pd.DataFrame:
-    frame = ensure_columns(records_frame(paths), SHARDED_METRICS)
+    frame = tables.ensure_columns(tables.records_frame(paths), SHARDED_METRICS)
     frame = frame.sort_values("sharded", ignore_index=True)
     return frame[["sharded", "size", "context_length", "batch_size", "world_size", "backend",
-                  "status", *SHARDED_METRICS, "message", *env_columns(frame)]]
+                  "status", *SHARDED_METRICS, "message", *tables.env_columns(frame)]]
 
 
 def accounting_table(paths: list[str]) -> pd.DataFrame:
-    return ensure_columns(records_frame(paths), ACCOUNTING_INPUTS + ACCOUNTING_METRICS)
+    return tables.ensure_columns(tables.records_frame(paths),
+                                 ACCOUNTING_INPUTS + ACCOUNTING_METRICS)
 
 
 def fit_latency_bandwidth(rows: pd.DataFrame) -> tuple[float | None, float] | None:
@@ -288,7 +280,7 @@ def allreduce_facts(table: pd.DataFrame) -> dict:
                 # NCCL's time as a fraction of gloo's, for a "mixed" sentence
                 "time_fraction_min": 1 / high, "time_fraction_max": 1 / low}
     return {
-        "table": to_markdown(_allreduce_display(table)),
+        "table": tables.to_markdown(_allreduce_display(table)),
         "runs": runs,
         "nccl_vs_gloo": nccl_vs_gloo,
         "rank_scaling": rank_scaling(ok),
@@ -342,7 +334,7 @@ def _ddp_display(table: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"model": table["size"], "variant": table["label"],
                         "status": table["status"]})
     for phase in DDP_PHASES:
-        out[f"{phase} ms"] = [mean_pm_std(m, s) for m, s in
+        out[f"{phase} ms"] = [tables.mean_pm_std(m, s) for m, s in
                               zip(table[f"{phase}_ms_mean"], table[f"{phase}_ms_std"])]
     # n/a: the run finished but its record has no such metric
     out["collectives busy ms/step"] = [
@@ -381,7 +373,7 @@ def ddp_facts(table: pd.DataFrame) -> dict:
                     if pd.isna(r["collective_busy_ms_per_step"])]
     steps_missing = [n for n, (_, r) in zip(named, ok.iterrows()) if pd.isna(r["profile_steps"])]
     return {
-        "table": to_markdown(_ddp_display(table)),
+        "table": tables.to_markdown(_ddp_display(table)),
         "sizes": [size_facts(ok[ok["size"] == size]) for size in _sizes_of(ok)],
         "runs": len(ok),
         # runs whose records have no collective busy time / no count of profiled steps
@@ -494,13 +486,14 @@ def size_facts(ok: pd.DataFrame) -> dict:
         "vs_torch": vs_torch,
         # per run, from its profile: the collective time hidden under compute
         "evidence": evidence,
-        "evidence_table": to_markdown(pd.DataFrame([{
+        "evidence_table": tables.to_markdown(pd.DataFrame([{
             "variant": e["label"],
             "collectives ms/step": fmt(e["collective_busy_ms"], 2),
             "compute ms/step": fmt(e["compute_busy_ms"], 2),
             "both at once ms/step": fmt(e["hidden_ms"], 2),
             "hidden under compute": f"{e['hidden_fraction']:.0%}",
-            "exposed after backward ms": mean_pm_std(e["exposed"]["ms"], e["exposed"]["std"]),
+            "exposed after backward ms": tables.mean_pm_std(e["exposed"]["ms"],
+                                                            e["exposed"]["std"]),
         } for e in evidence])) if evidence else "",
     }
 
@@ -566,7 +559,7 @@ def size_overhead(ok: pd.DataFrame, allreduce: pd.DataFrame) -> dict:
         "bucket MiB": [f"{r['bucket_mib']:g}" for r in rows],
         "buckets n_b": [r["buckets"] for r in rows],
         "predicted ms": [fmt(r["predicted_ms"], 2) for r in rows],
-        "measured after backward ms": [mean_pm_std(r["measured"]["ms"], r["measured"]["std"])
+        "measured after backward ms": [tables.mean_pm_std(r["measured"]["ms"], r["measured"]["std"])
                                        for r in rows],
         "measured - predicted ms": [fmt(r["gap_ms"], 2) for r in rows],
         "backward vs naive ms": [fmt(r["backward_slowdown_ms"], 1) for r in rows],
@@ -595,7 +588,7 @@ def size_overhead(ok: pd.DataFrame, allreduce: pd.DataFrame) -> dict:
                       "b_star_mib": slow_b_star / MIB}}
     return {
         **facts, "available": True,
-        "table": to_markdown(display),
+        "table": tables.to_markdown(display),
         "rows": rows,
         "fits": [r for r in rows if r["verdict"] == "inside the spread"],
         "above": [r for r in off if r["verdict"] == "above"],
@@ -616,8 +609,8 @@ def _sharded_display(table: pd.DataFrame) -> pd.DataFrame:
     """Times, one row per optimizer."""
     return pd.DataFrame([{
         "optimizer": "sharded" if r["sharded"] else "replicated", "status": r["status"],
-        "step ms": mean_pm_std(r["step_ms_mean"], r["step_ms_std"]),
-        "optimizer ms": mean_pm_std(r["optimizer_ms_mean"], r["optimizer_ms_std"]),
+        "step ms": tables.mean_pm_std(r["step_ms_mean"], r["step_ms_std"]),
+        "optimizer ms": tables.mean_pm_std(r["optimizer_ms_mean"], r["optimizer_ms_std"]),
         "params GiB": fmt(r["parameter_gib"], 2),
         "grads GiB": fmt(r["gradient_gib"], 2),
         "optimizer state GiB (rank 0)": fmt(r["optimizer_state_gib"], 2),
@@ -669,8 +662,8 @@ def _memory(row: pd.Series) -> dict:
 
 
 def sharded_facts(table: pd.DataFrame, per_rank: dict[bool, list[dict]]) -> dict:
-    facts = {"table": to_markdown(_sharded_display(table)) if len(table) else "_(no records)_",
-             "memory_table": to_markdown(_memory_display(per_rank)) if per_rank else "",
+    facts = {"table": tables.to_markdown(_sharded_display(table)) if len(table) else "_(no records)_",
+             "memory_table": tables.to_markdown(_memory_display(per_rank)) if per_rank else "",
              "available": False,
              "not_measured": not_ok(table.assign(run=[
                  "sharded" if flag else "replicated" for flag in table["sharded"]]), ["run"])}
@@ -857,12 +850,12 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     allreduce = allreduce_table(records["allreduce"])
     ddp = ddp_table(records["ddp"])
     sharded = sharded_table(records["sharded"])
-    check = records_frame(records.get("ddp_check", []))
+    check = tables.records_frame(records.get("ddp_check", []))
     accounting = accounting_table(records["accounting"])
-    write_table(allreduce, outputs["allreduce_table"])
-    write_table(ddp, outputs["ddp_table"])
-    write_table(sharded, outputs["sharded_table"])
-    write_table(accounting, outputs["accounting_table"])
+    tables.write_table(allreduce, outputs["allreduce_table"])
+    tables.write_table(ddp, outputs["ddp_table"])
+    tables.write_table(sharded, outputs["sharded_table"])
+    tables.write_table(accounting, outputs["accounting_table"])
     allreduce_figure(allreduce, outputs["allreduce_figure"])
     ddp_figure(ddp, outputs["ddp_figure"])
     overlap_figure(ddp, timelines(records["ddp"]), outputs["overlap_figure"])
@@ -874,7 +867,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     # The accounting is arithmetic on the CPU: its device would only blur the header.
     accounting_env = accounting.drop(columns=["env_device", "env_gpu"], errors="ignore")
     return jsonable({
-        "env": env_summary(allreduce, ddp, sharded, accounting_env),
+        "env": tables.env_summary(allreduce, ddp, sharded, accounting_env),
         "coverage": coverage(allreduce, ddp, sharded, accounting, ddp_f, overhead, sharded_f,
                              check, check_f, options["assignment"]),
         "check": check_f,

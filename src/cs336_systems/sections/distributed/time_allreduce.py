@@ -12,28 +12,19 @@ iteration's time is the slowest rank's. Algorithm bandwidth = bytes / time; bus 
 
 from __future__ import annotations
 
-import argparse
-
 from cs336_systems.distributed.launch import BACKENDS
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    non_negative_int,
-    parsed_config,
-    positive_int,
-)
+from cs336_systems.pipeline.cli import non_negative_int, parsed_config, positive_int, section_parser
 from cs336_systems.pipeline.torchrun import launch_or_work
 from cs336_systems.sections.distributed.allreduce_timing import work
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--backend", required=True, choices=BACKENDS)
     parser.add_argument("--size-mb", type=float, required=True)
     parser.add_argument("--world-size", type=positive_int, required=True)
     parser.add_argument("--warmup", type=non_negative_int, default=5)
     parser.add_argument("--iterations", type=positive_int, default=20)
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     if args.size_mb <= 0:
         parser.error(f"--size-mb must be positive, got {args.size_mb}")

@@ -26,25 +26,21 @@ kernels' names.
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 from cs336_systems.distributed.variants import DDP_VARIANTS
+from cs336_systems.pipeline.cli import section_parser
 from cs336_systems.pipeline.options import add_training_arguments, training_config
 from cs336_systems.pipeline.torchrun import launch_or_work
 from cs336_systems.sections.distributed.ddp_timing import work
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--variant", required=True, choices=list(DDP_VARIANTS))
     add_training_arguments(parser, size="xl", context_length=128, batch_size=16,
                            warmup_steps=3, measure_steps=10)
     config, output, _ = training_config(parser, argv)
     launch_or_work("cs336_systems.sections.distributed.time_ddp", "ddp", config, output, work,
-                   config["world_size"], config["backend"],
-                   sys.argv[1:] if argv is None else argv)
+                   config["world_size"], config["backend"], argv)
 
 
 if __name__ == "__main__":

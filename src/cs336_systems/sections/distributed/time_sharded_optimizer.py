@@ -27,19 +27,13 @@ import argparse
 from cs336_systems.distributed.launch import backend_for
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.optimizer import FLAT_OPTIMIZERS
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    non_negative_int,
-    parsed_config,
-    positive_int,
-)
+from cs336_systems.pipeline.cli import non_negative_int, parsed_config, positive_int, section_parser
 from cs336_systems.pipeline.torchrun import launch_or_work
 from cs336_systems.sections.distributed.sharded_optimizer_timing import work
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--sharded", action=argparse.BooleanOptionalAction, required=True)
     parser.add_argument("--size", default="xl", choices=list(MODEL_SIZES))
     parser.add_argument("--context-length", type=positive_int, default=128)
@@ -48,7 +42,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup-steps", type=non_negative_int, default=2)
     parser.add_argument("--measure-steps", type=positive_int, default=5)
     parser.add_argument("--optimizer", default="adamw", choices=list(FLAT_OPTIMIZERS))
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     if args.batch_size % args.world_size:
         parser.error(f"--batch-size {args.batch_size} does not split evenly over "

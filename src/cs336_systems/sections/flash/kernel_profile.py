@@ -13,25 +13,18 @@ from __future__ import annotations
 import argparse
 
 from cs336_systems.lm.precision import PRECISIONS
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    parsed_config,
-    positive_int,
-    record_run,
-)
+from cs336_systems.pipeline.cli import parsed_config, positive_int, record_run, section_parser
 from cs336_systems.sections.flash.kernel_timings import measure
 from cs336_systems.sections.flash.targets import parse_shape
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--shape", required=True, type=parse_shape, help="BATCHxSEQxD")
     parser.add_argument("--dtype", required=True, choices=list(PRECISIONS))
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--steps", type=positive_int, default=5,
                         help="profiled forward+backward steps per variant")
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     config = {**parsed_config(args), "shape": list(args.shape)}
     return record_run("flash_kernels", args, measure, config)

@@ -16,9 +16,8 @@ import pandas as pd
 
 from cs336_systems.measure.timing import summarize
 from cs336_systems.records import read_record
-from cs336_systems.report.facts import reason, speedup
+from cs336_systems.report import facts, tables
 from cs336_systems.report.render import fmt
-from cs336_systems.report.tables import to_markdown
 from cs336_systems.sections.flash.kernel_variants import NEEDED, VARIANTS, variant_label
 
 OURS, ATOMIC, REFERENCE = "flash-triton", "flash-triton-atomic-dq", "sdpa-cudnn"
@@ -56,7 +55,7 @@ def kernel_rows(records: list[dict]) -> list[dict]:
         base = _base(record)
         if record["status"] != "ok":
             rows.append({**base, "status": record["status"],
-                         "reason": reason(record.get("message"))})
+                         "reason": facts.reason(record.get("message"))})
             continue
         metrics = record["metrics"]
         steps = len(record["metrics"]["kernels"][0]["step_ms"]) if metrics["kernels"] else 1
@@ -75,7 +74,7 @@ def kernel_rows(records: list[dict]) -> list[dict]:
             if entry["status"] != "ok":
                 rows.append({**base, "variant": entry["variant"],
                              "label": variant_label(entry["variant"]), "status": entry["status"],
-                             "reason": reason(entry.get("message"))})
+                             "reason": facts.reason(entry.get("message"))})
     return rows
 
 
@@ -126,7 +125,7 @@ def _compare(passes: dict, a: str, b: str, pass_name: str) -> dict | None:
     if (a, pass_name) not in passes or (b, pass_name) not in passes:
         return None
     x, y = passes[a, pass_name], passes[b, pass_name]
-    return speedup(x["ms"], y["ms"], x["std"], y["std"])
+    return facts.speedup(x["ms"], y["ms"], x["std"], y["std"])
 
 
 def recompute_facts(passes: dict, binaries: dict) -> dict | None:
@@ -142,7 +141,8 @@ def recompute_facts(passes: dict, binaries: dict) -> dict | None:
     return {"extra_units": ours["executed_units"] - ours["needed_units"],
             "executed_units": ours["executed_units"], "needed_units": ours["needed_units"],
             "ours_ms": ours["ms"], "predicted_ms": predicted,
-            "predicted_vs_reference": speedup(predicted, reference["ms"]) if reference else None,
+            "predicted_vs_reference": facts.speedup(predicted,
+                                                    reference["ms"]) if reference else None,
             "atomic_ms": atomic["ms"] if atomic else None,
             "atomic_vs_ours": _compare(passes, ATOMIC, OURS, "backward"),
             "atomic_over_predicted": atomic["ms"] / predicted if atomic else None,
@@ -164,7 +164,7 @@ def backward_gap(backward: dict | None, rates: dict | None) -> str | None:
 def shape_facts(record: dict) -> dict:
     base = _base(record)
     if record["status"] != "ok":
-        return {**base, "status": record["status"], "reason": reason(record.get("message"))}
+        return {**base, "status": record["status"], "reason": facts.reason(record.get("message"))}
     passes = pass_rows(record)
     ours_bwd, ref_bwd = passes.get((OURS, "backward")), passes.get((REFERENCE, "backward"))
     rates = None
@@ -178,7 +178,7 @@ def shape_facts(record: dict) -> dict:
     forward = _compare(passes, OURS, REFERENCE, "forward")
     ours_fwd, ref_fwd = passes.get((OURS, "forward")), passes.get((REFERENCE, "forward"))
     return {**base, "status": "ok",
-            "table": to_markdown(passes_display(passes)),
+            "table": tables.to_markdown(passes_display(passes)),
             "forward": forward,
             # both do the work the forward needs: ours at this rate against cuDNN's
             "forward_rates": {"ours": ours_fwd["needed_tflops"],
@@ -189,7 +189,8 @@ def shape_facts(record: dict) -> dict:
             "rates": rates, "recompute": recompute_facts(passes, record["metrics"]["binaries"]),
             "steps": len(record["metrics"]["kernels"][0]["step_ms"])
             if record["metrics"]["kernels"] else 0,
-            "skipped": [{"label": variant_label(v["variant"]), "reason": reason(v.get("message"))}
+            "skipped": [{"label": variant_label(v["variant"]),
+                         "reason": facts.reason(v.get("message"))}
                         for v in record["metrics"]["variants"] if v["status"] != "ok"]}
 
 

@@ -18,27 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from cs336_systems.lm.attention import attention_label, attention_part_flops
-from cs336_systems.report import figures
-from cs336_systems.report.facts import (
-    covered,
-    jsonable,
-    not_in_preset,
-    not_ok,
-    overhead_bound,
-    overhead_rule,
-    reason,
-    speedup,
-)
+from cs336_systems.report import facts, figures, tables
 from cs336_systems.report.render import fmt, fmt_ratio
-from cs336_systems.report.tables import (
-    ensure_columns,
-    env_columns,
-    env_summary,
-    long_table,
-    records_frame,
-    to_markdown,
-    write_table,
-)
 from cs336_systems.sections.flash import kernel_table, speed_table
 from cs336_systems.sections.flash.targets import CLASS_BEST_MS, OURS
 
@@ -88,7 +69,7 @@ def with_tflops(frame: pd.DataFrame) -> pd.DataFrame:
 def build_table(record_paths: list[str]) -> pd.DataFrame:
     """One row per record; each pass has a time or a status of its own (`ok`, `oom`, or the
     record's status where the whole configuration did not run)."""
-    frame = ensure_columns(records_frame(record_paths),
+    frame = tables.ensure_columns(tables.records_frame(record_paths),
                            CONFIG_COLUMNS + ["status", "message"] + METRIC_COLUMNS)
     for p in PASSES:  # a pass with no time and no status of its own shares the record's
         frame[f"{p}_status"] = frame[f"{p}_status"].astype(object)
@@ -99,7 +80,7 @@ def build_table(record_paths: list[str]) -> pd.DataFrame:
     frame["attention_rank"] = frame["attention"].map({n: i for i, n in enumerate(ATTENTION_ORDER)})
     frame = frame.sort_values(["d", "dtype", "seq", "attention_rank"])
     return frame[CONFIG_COLUMNS + ["status"] + METRIC_COLUMNS + TFLOPS_COLUMNS + ["message"]
-                 + env_columns(frame)]
+                 + tables.env_columns(frame)]
 
 
 def overhead_cells(table: pd.DataFrame) -> pd.Series:
@@ -108,7 +89,7 @@ def overhead_cells(table: pd.DataFrame) -> pd.Series:
     flops = pd.Series([pass_flops(int(r["batch_size"]), int(r["seq"]), int(r["d"]),
                                   bool(r["causal"]), "forward_backward")
                        for _, r in table.iterrows()], index=table.index, dtype=float)
-    return overhead_bound(table, ["attention", "d", "dtype"], flops,
+    return facts.overhead_bound(table, ["attention", "d", "dtype"], flops,
                                 "forward_backward_ms")
 
 
@@ -151,9 +132,9 @@ def latency_focus(display: pd.DataFrame) -> dict:
     """The latency table at one head dimension (FOCUS_D where measured, else the largest), both
     dtypes: what the writeup shows of the handout's table."""
     if display.empty:
-        return {"d": None, "markdown": to_markdown(display)}
+        return {"d": None, "markdown": tables.to_markdown(display)}
     d = FOCUS_D if FOCUS_D in set(display["d"]) else max(display["d"])
-    return {"d": int(d), "markdown": to_markdown(display[display["d"] == d])}
+    return {"d": int(d), "markdown": tables.to_markdown(display[display["d"] == d])}
 
 
 def speedup_display(table: pd.DataFrame, flags: pd.Series) -> pd.DataFrame:
@@ -259,7 +240,7 @@ def speedup_summary(table: pd.DataFrame, over: str) -> dict | None:
     median = float(s["speedup"].median())
     return {"attention": over, "label": attention_label(over), "shapes": len(s),
             # the median ratio as a verdict: time 1 against reference `median`, no spread
-            "median": median, "median_verdict": speedup(1.0, median),
+            "median": median, "median_verdict": facts.speedup(1.0, median),
             "min": float(worst["speedup"]), "min_at": _where(worst),
             "max": float(best["speedup"]), "max_at": _where(best),
             "faster_shapes": int((s["speedup"] > 1).sum())}
@@ -277,7 +258,8 @@ def pass_speedups(table: pd.DataFrame, over: str) -> dict:
 
 def _status_facts(table: pd.DataFrame, status: str) -> dict:
     rows = table[table["status"] == status]
-    return {"count": len(rows), "reasons": sorted({reason(m) for m in rows["message"]} - {""})}
+    return {"count": len(rows),
+            "reasons": sorted({facts.reason(m) for m in rows["message"]} - {""})}
 
 
 def oom_facts(table: pd.DataFrame) -> list[dict]:
@@ -297,7 +279,7 @@ def oom_facts(table: pd.DataFrame) -> list[dict]:
 def _only(values: pd.Series):
     """The one value a column holds, or None where it holds none or several."""
     distinct = values.dropna().unique()
-    return jsonable(distinct[0]) if len(distinct) == 1 else None
+    return facts.jsonable(distinct[0]) if len(distinct) == 1 else None
 
 
 def _ran_with_do_bench(table: pd.DataFrame) -> bool:
@@ -316,7 +298,7 @@ def _interpreted(table: pd.DataFrame) -> bool:
 def sweep_gap(table: pd.DataFrame, assignment: dict) -> str:
     """What of the assignment's flash_benchmarking sweep (`assignment`: the config's
     `defaults.flash`) this table leaves out ('' if none)."""
-    return not_in_preset(
+    return facts.not_in_preset(
         {name: (assignment[key], table[name].dropna().tolist())
          for name, key in (("seq", "seq_lengths"), ("d", "d_heads"), ("dtype", "dtypes"))},
         more=[f"no {attention_label(impl)} rows" for impl in assignment["attention"]
@@ -368,7 +350,7 @@ def leaderboard_facts(board: pd.DataFrame, assignment: dict) -> dict:
     sdpa_ms = float(ok["sdpa"]) if "sdpa" in ok.index else None
     assignment_shape = is_assignment_case(shape, assignment)
     return {
-        "table": to_markdown(leaderboard_display(board)),
+        "table": tables.to_markdown(leaderboard_display(board)),
         "rows": len(board),
         "shape": shape,
         "assignment_shape": assignment_case(assignment),
@@ -378,12 +360,12 @@ def leaderboard_facts(board: pd.DataFrame, assignment: dict) -> dict:
         "sdpa_ms": sdpa_ms,
         "sdpa_backend": sdpa_backend(board),
         # ratio = SDPA time / Triton time: above 1, Triton is faster
-        "vs_sdpa": speedup(triton_ms, sdpa_ms),
+        "vs_sdpa": facts.speedup(triton_ms, sdpa_ms),
         "class_best_ms": CLASS_BEST_MS,
         # ratio = class best / Triton time; only meaningful on the assignment's shape
-        "vs_class_best": speedup(triton_ms, CLASS_BEST_MS) if assignment_shape else None,
+        "vs_class_best": facts.speedup(triton_ms, CLASS_BEST_MS) if assignment_shape else None,
         "not_ok": [{**r, "label": attention_label(r["attention"])}
-                   for r in not_ok(board, ["attention"])],
+                   for r in facts.not_ok(board, ["attention"])],
     }
 
 
@@ -399,11 +381,12 @@ def coverage(table: pd.DataFrame, board: pd.DataFrame, assignment: dict) -> dict
                  for impl in assignment["leaderboard"]["attention"]
                  if impl not in set(board["attention"])]
     return {
-        **{key: covered(None, how=CODE_AND_TESTS, anchor=key)
+        **{key: facts.covered(None, how=CODE_AND_TESTS, anchor=key)
            for key in ("weighted_sum", "flash_forward", "flash_backward")},
-        "flash_benchmarking": covered(table, missing=sweep_gap(table, assignment),
+        "flash_benchmarking": facts.covered(table, missing=sweep_gap(table, assignment),
                                       anchor="flash_benchmarking"),
-        "leaderboard (2025)": covered(board, missing="; ".join(gaps), anchor="leaderboard_2025"),
+        "leaderboard (2025)": facts.covered(board, missing="; ".join(gaps),
+                                            anchor="leaderboard_2025"),
     }
 
 
@@ -421,11 +404,11 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     table = build_table(records["records"])
     board = build_table(records["leaderboard"])
     speed = speed_table.speed_table(records["speed"])
-    write_table(table, outputs["table"])
-    write_table(board, outputs["leaderboard_table"])
-    write_table(speed, outputs["speed_table"])
+    tables.write_table(table, outputs["table"])
+    tables.write_table(board, outputs["leaderboard_table"])
+    tables.write_table(speed, outputs["speed_table"])
     kernels = kernel_table.kernels_table(records["kernels"])
-    write_table(kernels, outputs["kernels_table"])
+    tables.write_table(kernels, outputs["kernels_table"])
     latency_figure(table, outputs["latency_figure"])
     speedup_figure(table, outputs["speedup_figure"])
 
@@ -435,8 +418,8 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     return {
         # where and from which code every record of the section came, the speed targets'
         # and the kernel profile's included
-        "env": env_summary(table, board, records_frame(records["speed"]),
-                           records_frame(records["kernels"])),
+        "env": tables.env_summary(table, board, tables.records_frame(records["speed"]),
+                           tables.records_frame(records["kernels"])),
         "commits": {"flash": commits(table), "leaderboard": commits(board),
                     "speed": commits(speed, "commit"), "kernels": commits(kernels, "commit")},
         "flops": {"pass_factors": PASS_FLOPS, "causal_fraction": CAUSAL_FRACTION},
@@ -452,14 +435,14 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "configurations": len(table),
         "shapes": len(table.groupby(SHAPE_KEYS)) if len(table) else 0,
         "implementations": [attention_label(i) for i in ATTENTION_ORDER if i in set(table["attention"])],
-        "latency": long_table(display_table(table, flags), outputs["table"],
+        "latency": tables.long_table(display_table(table, flags), outputs["table"],
                               speedup_display(table, flags)),
-        "latency_full": to_markdown(display_table(table, flags)),
+        "latency_full": tables.to_markdown(display_table(table, flags)),
         "latency_focus": latency_focus(display_table(table, flags)),
         "speedup_over": {over: speedup_summary(table, over) for over in REFERENCES},
         "pass_speedups": {over: pass_speedups(table, over) for over in REFERENCES},
         "timed_cells": len(timed),
-        "overhead": {**overhead_rule(), "of": len(timed),
+        "overhead": {**facts.overhead_rule(), "of": len(timed),
                      "count": int(flags.sum())},
         # the kernels compared where the GPU is busy: neither cell overhead-bound
         "speedup_busy": {over: speedup_summary(busy, over) for over in REFERENCES},

@@ -15,9 +15,8 @@ from __future__ import annotations
 import pandas as pd
 
 from cs336_systems.records import read_record
-from cs336_systems.report.facts import reason, speedup
+from cs336_systems.report import facts, tables
 from cs336_systems.report.render import fmt, fmt_ratio
-from cs336_systems.report.tables import MAX_SHOWN_ROWS, to_markdown
 from cs336_systems.sections.flash.targets import TARGETS, UNITS_SHOWN, Target
 
 COLUMNS = ["target", "title", "shape", "dtype", "causal", "ours", "value", "value_std", "unit",
@@ -32,7 +31,8 @@ def _shape(shape) -> str:
 
 def _measurements(record: dict) -> dict[tuple[str, tuple], dict]:
     """(implementation key, shape) -> its measurement, in an `ok` record."""
-    return {(m["attention"], tuple(m["shape"])): m for m in record["metrics"].get("measurements", [])}
+    return {(m["attention"], tuple(m["shape"])): m for m in record["metrics"].get("measurements",
+                                                                                  [])}
 
 
 def _base(target: Target, record: dict, shape) -> dict:
@@ -53,7 +53,7 @@ def target_row(target: Target, record: dict, shape) -> dict:
     """One target at one shape, from its group's record."""
     row = _base(target, record, shape)
     if record["status"] != "ok":
-        return _not_ok(row, record["status"], reason(record.get("message")))
+        return _not_ok(row, record["status"], facts.reason(record.get("message")))
     found = _measurements(record)
     needed = [target.ours, *([target.reference] if target.reference else [])]
     if missing := [run.label for run in needed if (run.key, tuple(shape)) not in found]:
@@ -66,7 +66,7 @@ def target_row(target: Target, record: dict, shape) -> dict:
         row.update(reference_value=reference.get("value"), reference_std=reference.get("std"))
     for label, m in ((target.ours.label, ours), (row["reference"], reference)):
         if m is not None and m["status"] != "ok":
-            return _not_ok(row, m["status"], f"{label}: {reason(m.get('message'))}")
+            return _not_ok(row, m["status"], f"{label}: {facts.reason(m.get('message'))}")
     gpu = record["env"].get("gpu") or record["env"].get("device") or "unknown"
     if target.bound_gpu and target.bound_gpu not in str(gpu):
         return _not_ok(row, "not comparable", f"the bound is an {target.bound_gpu}'s; this ran "
@@ -85,7 +85,7 @@ def verdict(target: Target, row: dict) -> dict:
     else:
         ratio, threshold, threshold_std = None, target.bound, 0.0
     compared = ratio if target.reference else value
-    near = speedup(value, threshold, row["value_std"], threshold_std)
+    near = facts.speedup(value, threshold, row["value_std"], threshold_std)
     return {"ratio": ratio, "compared": compared, "meets_target": target.meets(compared),
             "off_by": target.off_by(compared),
             "within_spread": near["within_spread"] if near else None}
@@ -200,10 +200,10 @@ def speed_facts(table: pd.DataFrame, record_paths: list[str]) -> dict:
     ok = table[table["status"] == "ok"]
     rounds = sorted({read_record(p)["config"]["rounds"] for p in record_paths})
     met = ok[ok["meets_target"] == True]  # noqa: E712 - object column of True/False/None
-    whole = len(table) <= MAX_SHOWN_ROWS
+    whole = len(table) <= tables.MAX_SHOWN_ROWS
     return {
         "whole": whole,
-        "table": to_markdown(speed_display(table) if whole else speed_summary(table))
+        "table": tables.to_markdown(speed_display(table) if whole else speed_summary(table))
         if len(table) else "",
         "rows": len(table),
         "measured": len(ok),

@@ -21,17 +21,12 @@ import argparse
 from cs336_systems.kernels.checks import MAX_HEAD_DIM  # on a CPU: TRITON_INTERPRET=1
 from cs336_systems.lm.attention import ATTENTION_IMPLEMENTATIONS
 from cs336_systems.lm.precision import PRECISIONS
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    positive_int,
-    record_run,
-)
+from cs336_systems.pipeline.cli import positive_int, record_run, section_parser
 from cs336_systems.sections.flash.latency import measure
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--attention", required=True, choices=list(ATTENTION_IMPLEMENTATIONS))
     parser.add_argument("--seq", type=positive_int, required=True)
     parser.add_argument("--d", type=positive_int, required=True)
@@ -40,7 +35,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                         help="time torch.compile(the implementation), as the leaderboard does")
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     if not 1 <= args.d <= MAX_HEAD_DIM:
         parser.error(f"--d must be from 1 to {MAX_HEAD_DIM}, got {args.d}")

@@ -12,19 +12,13 @@ from __future__ import annotations
 import argparse
 
 from cs336_systems.lm.precision import PRECISIONS
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    parsed_config,
-    positive_int,
-    record_run,
-)
+from cs336_systems.pipeline.cli import parsed_config, positive_int, record_run, section_parser
 from cs336_systems.sections.flash.speed import measure
 from cs336_systems.sections.flash.targets import GROUPS, parse_shape
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--group", required=True, choices=list(GROUPS))
     parser.add_argument("--shapes", nargs="*", type=parse_shape, default=[],
                         help="BATCHxSEQxD each (none: the preset has no shape for the group)")
@@ -32,7 +26,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--rounds", type=positive_int, default=3,
                         help="interleaved do_bench rounds per implementation and shape")
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     config = {**parsed_config(args), "shapes": [list(s) for s in args.shapes]}
     return record_run("flash_speed", args, measure, config)

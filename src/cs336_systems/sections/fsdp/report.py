@@ -19,16 +19,7 @@ from cs336_systems.distributed.variants import FSDP_VARIANTS, TRAINING_PHASES
 from cs336_systems.lm.sizes import size_label
 from cs336_systems.measure.memory import GIB
 from cs336_systems.records import read_record
-from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, not_ok, number, speedup
-from cs336_systems.report.tables import (
-    ensure_columns,
-    env_summary,
-    mean_pm_std,
-    records_frame,
-    to_markdown,
-    write_table,
-)
+from cs336_systems.report import facts, figures, tables
 
 PHASES = [*TRAINING_PHASES, "step"]  # each phase, and the whole step
 METRICS = ([f"{p}_ms_{s}" for p in PHASES for s in ("mean", "std")]
@@ -73,7 +64,7 @@ def expected_peaks(size: str, batch_size: int, context_length: int, world_size: 
 def step_table(frame: pd.DataFrame) -> pd.DataFrame:
     shown = pd.DataFrame({"variant": frame["label"], "status": frame["status"]})
     for phase in PHASES:
-        shown[f"{phase} ms"] = [mean_pm_std(m, s) for m, s in
+        shown[f"{phase} ms"] = [tables.mean_pm_std(m, s) for m, s in
                                 zip(frame[f"{phase}_ms_mean"], frame[f"{phase}_ms_std"])]
     shown["peak GiB (max over ranks)"] = frame["peak_gib_max"]
     shown["collective busy ms/step"] = frame["collective_busy_ms_per_step"]
@@ -119,26 +110,28 @@ def gather_figure(frame: pd.DataFrame, path: str) -> str:
 
 
 def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:
-    frame = ensure_columns(records_frame(records["records"]), METRICS + ["bucket_size_mb"])
+    frame = tables.ensure_columns(tables.records_frame(records["records"]),
+                                  METRICS + ["bucket_size_mb"])
     full = {r["config"]["variant"]: r for r in map(read_record, records["records"])}
     frame["label"] = [label(v, b) for v, b in zip(frame["variant"], frame["bucket_size_mb"])]
     frame["peak_gib_max"] = [
         max((p for p in full[v]["metrics"].get("peak_gib_per_rank", []) if p is not None),
             default=None) for v in frame["variant"]]
-    write_table(frame, outputs["table"])
+    tables.write_table(frame, outputs["table"])
     ok = frame[frame["status"] == "ok"].set_index("variant")
 
     def step(variant: str) -> tuple[float | None, float | None]:
         if variant not in ok.index:
             return None, None
-        return number(ok.loc[variant, "step_ms_mean"]), number(ok.loc[variant, "step_ms_std"])
+        row = ok.loc[variant]
+        return facts.number(row["step_ms_mean"]), facts.number(row["step_ms_std"])
 
     def peak(variant: str) -> float | None:
-        return number(ok.loc[variant, "peak_gib_max"]) if variant in ok.index else None
+        return facts.number(ok.loc[variant, "peak_gib_max"]) if variant in ok.index else None
 
     comparisons = {}
     for other in (REFERENCE, UNSHARDED):
-        time = speedup(step(OURS)[0], step(other)[0], step(OURS)[1], step(other)[1])
+        time = facts.speedup(step(OURS)[0], step(other)[0], step(OURS)[1], step(other)[1])
         ours_peak, other_peak = peak(OURS), peak(other)
         comparisons[other] = {
             "label": ok.loc[other, "label"] if other in ok.index else other,
@@ -171,12 +164,12 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
 
     rows = full.get(OURS, {}).get("metrics", {}).get("gather_timing", [])
     gathers = gather_frame(rows)
-    write_table(gathers, outputs["gather_table"])
+    tables.write_table(gathers, outputs["gather_table"])
     gather_figure(gathers, outputs["gather_figure"])
     timing = None
     if not gathers.empty:
         row = ok.loc[OURS]
-        forward_ms = number(row["forward_ms_mean"])
+        forward_ms = facts.number(row["forward_ms_mean"])
         waited = gathers[~gathers["hidden"]].sort_values("wait_us", ascending=False)
         timing = {"uses": int(row["gather_uses_per_step"]), "hidden": int(row["gathers_hidden"]),
                   "profiled": int(row["gathers_profiled"]),
@@ -187,7 +180,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
                   "step_hidden": int(gathers["hidden"].sum()), "step_uses": len(gathers),
                   "first_layer": gathers["layer"].iloc[0],
                   "first_hidden": bool(gathers["hidden"].iloc[0]),
-                  "worst": to_markdown(waited.head(5)[["use", "layer", "gather_start_us",
+                  "worst": tables.to_markdown(waited.head(5)[["use", "layer", "gather_start_us",
                                                        "gather_end_us", "ready_us", "wait_us"]])
                   if not waited.empty else ""}
 
@@ -202,19 +195,20 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     return {
         "variants": {v: FSDP_VARIANTS[v] for v in frame["variant"]},
         "shape": shape,
-        "table": to_markdown(step_table(frame)),
+        "table": tables.to_markdown(step_table(frame)),
         "comparisons": comparisons,
         "peaks_per_rank": {v: r["metrics"].get("peak_gib_per_rank") for v, r in full.items()},
         "accounting": accounting,
         "timing": timing,
-        "not_measured": not_ok(frame, ["label"]),
+        "not_measured": facts.not_ok(frame, ["label"]),
         "figures": {"gathers": outputs["gather_figure"]},
-        "env": env_summary(frame),
+        "env": tables.env_summary(frame),
         "coverage": {
-            "fsdp": covered(frame, missing=missing, anchor="fsdp",
+            "fsdp": facts.covered(frame, missing=missing, anchor="fsdp",
                             how="also by the FSDP class's gloo tests "
                                 "(tests/distributed/test_fsdp.py)"),
-            "fsdp_accounting": covered(ours, missing="; ".join(filter(None, [missing, no_timing])),
+            "fsdp_accounting": facts.covered(ours,
+                                             missing="; ".join(filter(None, [missing, no_timing])),
                                        anchor="fsdp_accounting"),
         },
     }

@@ -16,19 +16,16 @@ all-gather against the moment its layer could have started (fsdp_accounting (b),
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 from cs336_systems.distributed.variants import FSDP_VARIANTS
 from cs336_systems.lm.precision import PRECISIONS
+from cs336_systems.pipeline.cli import section_parser
 from cs336_systems.pipeline.options import add_training_arguments, training_config
 from cs336_systems.pipeline.torchrun import launch_or_work
 from cs336_systems.sections.fsdp.fsdp_timing import work
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--variant", required=True, choices=list(FSDP_VARIANTS))
     parser.add_argument("--compute-dtype", choices=[p for p in PRECISIONS if p != "fp32"],
                         default=None, help="gather and compute in this dtype (default: fp32)")
@@ -36,8 +33,7 @@ def main(argv: list[str] | None = None) -> None:
                            warmup_steps=2, measure_steps=5)
     config, output, _ = training_config(parser, argv)
     launch_or_work("cs336_systems.sections.fsdp.time_fsdp", "fsdp", config, output, work,
-                   config["world_size"], config["backend"],
-                   sys.argv[1:] if argv is None else argv)
+                   config["world_size"], config["backend"], argv)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from cs336_systems.lm.sizes import LEADERBOARD_SHAPES
-from cs336_systems.report.facts import covered, median_speedup, not_ok, number
-from cs336_systems.report.tables import (
-    ensure_columns,
-    env_summary,
-    records_frame,
-    to_markdown,
-    write_table,
-)
+from cs336_systems.report import facts, tables
 from cs336_systems.sections.leaderboard.runs import (
     LEVERS,
     STOCK_NAMES,
@@ -58,7 +51,7 @@ OURS = "ours"
 
 
 def frame_of(paths: list[str]) -> pd.DataFrame:
-    frame = ensure_columns(records_frame(paths), ["message", *METRICS])
+    frame = tables.ensure_columns(tables.records_frame(paths), ["message", *METRICS])
     if frame.empty:
         return frame
     frame["label"] = [variant_label(v) for v in frame["variant"]]
@@ -95,7 +88,7 @@ def _phases(row) -> str:
 
 def _step_speedup(a: pd.Series, b: pd.Series) -> dict | None:
     """The step times' comparison as the tables show them: medians, with [min–max]."""
-    return median_speedup(a["step_ms_median"], b["step_ms_median"],
+    return facts.median_speedup(a["step_ms_median"], b["step_ms_median"],
                           (a["step_ms_min"], a["step_ms_max"]),
                           (b["step_ms_min"], b["step_ms_max"]))
 
@@ -122,9 +115,9 @@ def lever_rows(frame: pd.DataFrame) -> list[dict]:
             saved = without["step_ms_median"] - ours["step_ms_median"]
             peak = without["peak_gib"] - ours["peak_gib"]
             entry.update(
-                saved_ms=number(saved), speedup=_step_speedup(ours, without),
-                share=number(abs(saved) / without["step_ms_median"]),
-                peak_gib=number(abs(peak)),
+                saved_ms=facts.number(saved), speedup=_step_speedup(ours, without),
+                share=facts.number(abs(saved) / without["step_ms_median"]),
+                peak_gib=facts.number(abs(peak)),
                 peak_word="the same peak" if abs(peak) < SAME_PEAK_GIB
                 else "lower" if peak > 0 else "higher")
         rows.append(entry)
@@ -172,17 +165,17 @@ def time_split(rows: dict[str, pd.Series]) -> dict | None:
         if pd.isna(r.get("sm_clock_mhz_median")):
             continue
         states.append({"key": key, "label": r["label"],
-                       **{k: number(r[k]) for k in GPU_STATE}})
+                       **{k: facts.number(r[k]) for k in GPU_STATE}})
     # where a step left the GPU idle: how often the CUDA allocator retried in its timed steps
     # (each retry frees the allocator's cache and synchronises the device)
-    waits = [{"key": key, "label": r["label"], "idle_ms": number(r["kernel_ms_idle"]),
-              "idle_share": number(r["kernel_ms_idle"] / r["kernel_ms_span"]),
+    waits = [{"key": key, "label": r["label"], "idle_ms": facts.number(r["kernel_ms_idle"]),
+              "idle_share": facts.number(r["kernel_ms_idle"] / r["kernel_ms_span"]),
               "retries_per_step": None if pd.isna(r.get("alloc_retries")) else
-              number(r["alloc_retries"] / r["measure_steps"])}
+              facts.number(r["alloc_retries"] / r["measure_steps"])}
              for key, r in rows.items()]
     first = next(iter(rows))
-    return {"table": to_markdown(pd.DataFrame(table)), "first": first, "waits": waits,
-            "attention_matmul_share": number(shares[first]["attention"]
+    return {"table": tables.to_markdown(pd.DataFrame(table)), "first": first, "waits": waits,
+            "attention_matmul_share": facts.number(shares[first]["attention"]
                                              + shares[first]["matmul"]),
             "overlap": any(r.get("world_size", 1) > 1 for r in rows.values()),
             "gpu_state": states}
@@ -194,8 +187,8 @@ def fit_facts(frame: pd.DataFrame, gib: float) -> dict:
     is in neither list)."""
     ok = frame[(frame["status"] == "ok") & frame["peak_gib"].notna()].sort_values(
         "step_ms_median")
-    rows = [{"label": r["label"], "ms": number(r["step_ms_median"]),
-             "peak_gib": number(r["peak_gib"]), "stock": VARIANTS[r["variant"]].stock}
+    rows = [{"label": r["label"], "ms": facts.number(r["step_ms_median"]),
+             "peak_gib": facts.number(r["peak_gib"]), "stock": VARIANTS[r["variant"]].stock}
             for _, r in ok.iterrows()]
     fit = [r for r in rows if r["peak_gib"] <= gib]
     stock = next((r for r in rows if r["stock"]), None)
@@ -213,7 +206,7 @@ def _runner_up(ours_side: pd.DataFrame, fastest: str) -> dict | None:
     name = others["step_ms_median"].idxmin()
     compared = _step_speedup(ours_side.loc[fastest], others.loc[name])
     return {"variant": name, "label": variant_label(name),
-            "ms": number(others.loc[name, "step_ms_median"]),
+            "ms": facts.number(others.loc[name, "step_ms_median"]),
             "tie": bool(compared and compared["within_spread"]), "speedup": compared}
 
 
@@ -244,13 +237,13 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
     """The facts of one job matrix's records (`frame`, not empty)."""
     shape = shape_facts(frame, assignment)
     ok = frame[frame["status"] == "ok"].set_index("variant")
-    ceiling = number(ok["matmul_tflops"].median()) if len(ok) else None
+    ceiling = facts.number(ok["matmul_tflops"].median()) if len(ok) else None
     ours_side = ok[[not VARIANTS[v].stock and v != "plain" for v in ok.index]]
     fastest = ours_side["step_ms_median"].idxmin() if len(ours_side) else None
     # ours is held to the faster of the matrix's stock steps
     stock_side = ok[[VARIANTS[v].stock for v in ok.index]]
     stock = stock_side["step_ms_median"].idxmin() if len(stock_side) else None
-    env = env_summary(frame)
+    env = tables.env_summary(frame)
     # the step-time target is the full shape's on two H200s
     sized = next((m for m in assignment["matrices"] if m["name"] == name), {})
     has_target_ms = not shape["proxy"] and not sized.get("fits_gib") and bool(env["gpu"]) \
@@ -263,17 +256,17 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
         ratio = ok.loc[fastest, "step_ms_median"] / stock_ms
         every_lever = None
         if OURS in ok.index and fastest != OURS:
-            every_lever = {"ms": number(ok.loc[OURS, "step_ms_median"]),
-                           "ratio": number(ok.loc[OURS, "step_ms_median"] / stock_ms)}
-        others = [{"name": STOCK_NAMES[v], "ms": number(ok.loc[v, "step_ms_median"])}
+            every_lever = {"ms": facts.number(ok.loc[OURS, "step_ms_median"]),
+                           "ratio": facts.number(ok.loc[OURS, "step_ms_median"] / stock_ms)}
+        others = [{"name": STOCK_NAMES[v], "ms": facts.number(ok.loc[v, "step_ms_median"])}
                   for v in stock_side.index if v != stock]
-        against = {"ratio": number(ratio), "speedup": _step_speedup(ok.loc[fastest],
+        against = {"ratio": facts.number(ratio), "speedup": _step_speedup(ok.loc[fastest],
                                                                     ok.loc[stock]),
                    "every_lever": every_lever,
                    "stock": stock, "stock_name": STOCK_NAMES[stock], "other_stocks": others,
-                   "stock_ms": number(stock_ms),
-                   "stock_tflops": number(ok.loc[stock, "per_gpu_tflops"]),
-                   "stock_peak_gib": number(ok.loc[stock, "peak_gib"]),
+                   "stock_ms": facts.number(stock_ms),
+                   "stock_tflops": facts.number(ok.loc[stock, "per_gpu_tflops"]),
+                   "stock_peak_gib": facts.number(ok.loc[stock, "peak_gib"]),
                    # the 0.75x target is the proxy's; the full shape's is its time
                    "target": TARGET_RATIO if shape["proxy"] else None,
                    "meets_target": bool(ratio <= TARGET_RATIO) if shape["proxy"] else None,
@@ -287,11 +280,11 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
         floor_ms = row["model_flops"] / row["world_size"] / (ceiling * 1e12) * 1e3 \
             if ceiling else None
         best = {"variant": fastest, "label": variant_label(fastest),
-                "ms": number(row["step_ms_median"]), "tflops": number(row["per_gpu_tflops"]),
-                "ceiling_share": number(row["per_gpu_tflops"] / ceiling) if ceiling else None,
-                "peak_gib": number(row["peak_gib"]), "floor_ms": number(floor_ms),
-                "over_floor": number(row["step_ms_median"] / floor_ms) if floor_ms else None,
-                "model_flops": number(row["model_flops"]),
+                "ms": facts.number(row["step_ms_median"]), "tflops": facts.number(row["per_gpu_tflops"]),
+                "ceiling_share": facts.number(row["per_gpu_tflops"] / ceiling) if ceiling else None,
+                "peak_gib": facts.number(row["peak_gib"]), "floor_ms": facts.number(floor_ms),
+                "over_floor": facts.number(row["step_ms_median"] / floor_ms) if floor_ms else None,
+                "model_flops": facts.number(row["model_flops"]),
                 "is_ours": fastest == OURS,
                 "runner_up": _runner_up(ours_side, fastest),
                 "class_best": None if shape["proxy"] else {"ms": CLASS_BEST_MS}}
@@ -301,7 +294,7 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
     levers = lever_rows(frame) if OURS in ok.index else []
     checks = [check_passes(r) for _, r in frame[frame["status"] == "ok"].iterrows()]
     checked = [c for c in checks if c is not None]
-    worst_grad = number(ok["check_grad_max_rel_diff"].max()) if len(ok) else None
+    worst_grad = facts.number(ok["check_grad_max_rel_diff"].max()) if len(ok) else None
     walls = ok["wall_s"].dropna()
     fits = fit_facts(frame, sized["fits_gib"]) if sized.get("fits_gib") else None
     split = None
@@ -312,16 +305,17 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
         split = time_split(profiled)
     return {
         "name": name, "measured": True, "shape": shape, "ceiling_tflops": ceiling,
-        "ceiling_range": [number(ok["matmul_tflops"].min()), number(ok["matmul_tflops"].max())]
+        "ceiling_range": [facts.number(ok["matmul_tflops"].min()),
+                          facts.number(ok["matmul_tflops"].max())]
         if len(ok) else None,
-        "table": to_markdown(table_of(frame, ceiling, levers)),
+        "table": tables.to_markdown(table_of(frame, ceiling, levers)),
         "best": best, "against": against, "levers": levers, "every_lever_oom": every_lever_oom,
         "check": {"count": len(checked), "passed": sum(checked), "worst_grad": worst_grad,
                   "tolerance": CHECK_TOLERANCE[shape["precision"]]},
-        "wall": {"max_s": number(walls.max()) if len(walls) else None,
+        "wall": {"max_s": facts.number(walls.max()) if len(walls) else None,
                  "limit_s": WALL_LIMIT_S,
                  "within": bool(walls.max() < WALL_LIMIT_S) if len(walls) else None},
-        "not_measured": not_ok(frame, ["label"]),
+        "not_measured": facts.not_ok(frame, ["label"]),
         "stock_oom": stock_oom, "split": split, "fits": fits,
         "env": env,
     }
@@ -335,10 +329,10 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
               if not (frame := frame_of(paths)).empty}
     everything = pd.concat([f.assign(matrix=name) for name, f in frames.items()],
                            ignore_index=True) if frames else pd.DataFrame()
-    write_table(everything, outputs["table"])
+    tables.write_table(everything, outputs["table"])
     if everything.empty:
         return {"measured": False, "matrices": [], "table_file": outputs["table"],
-                "env": env_summary(everything), "coverage": {}}
+                "env": tables.env_summary(everything), "coverage": {}}
     assignment = options["assignment"]
     matrices = [matrix_facts(name, frame, assignment) for name, frame in frames.items()]
     real = [m for m in matrices if not m["shape"]["proxy"]
@@ -352,7 +346,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "in this preset")
     return {
         "measured": True, "matrices": matrices, "table_file": outputs["table"],
-        "env": env_summary(everything),
-        "coverage": {"leaderboard (2026)": covered(everything, missing=missing,
+        "env": tables.env_summary(everything),
+        "coverage": {"leaderboard (2026)": facts.covered(everything, missing=missing,
                                                    anchor="leaderboard_2026")},
     }

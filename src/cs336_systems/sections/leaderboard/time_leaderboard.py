@@ -31,11 +31,11 @@ from cs336_systems.distributed.launch import backend_for
 from cs336_systems.lm.precision import PRECISIONS
 from cs336_systems.lm.sizes import LEADERBOARD_SHAPES
 from cs336_systems.pipeline.cli import (
-    add_common_arguments,
     non_negative_int,
     parsed_config,
     positive_int,
     record_run,
+    section_parser,
 )
 from cs336_systems.pipeline.torchrun import launch_or_work
 from cs336_systems.sections.leaderboard.runs import VARIANTS
@@ -50,8 +50,7 @@ MODULE = "cs336_systems.sections.leaderboard.time_leaderboard"  # torchrun start
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--variant", required=True, choices=list(VARIANTS))
     parser.add_argument("--shape", default="8b", choices=list(LEADERBOARD_SHAPES))
     parser.add_argument("--layers", type=positive_int, default=None,
@@ -68,7 +67,6 @@ def main(argv: list[str] | None = None) -> None:
                         help="start with empty torch.compile and Triton caches")
     parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=False,
                         help="profile one more step: its device time by class of kernel")
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     spec = LEADERBOARD_SHAPES[args.shape]
     for option, value in (("--context-length", args.context_length),

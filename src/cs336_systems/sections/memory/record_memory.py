@@ -21,27 +21,18 @@ Memory history needs the CUDA caching allocator: on a CPU the record is `skipped
 
 from __future__ import annotations
 
-import argparse
-import sys
-
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    positive_int,
-)
+from cs336_systems.pipeline.cli import positive_int, section_parser
 from cs336_systems.pipeline.options import add_lm_step_arguments, check_context_length
 from cs336_systems.pipeline.records import run_and_record
 from cs336_systems.sections.memory.memory_history import measure
 
 
 def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     add_lm_step_arguments(parser, warmup_steps=2, measure_steps=2)
     parser.add_argument("--max-entries", type=positive_int, default=200_000,
                         help="the allocator history's ring buffer: events kept (the oldest "
                              "are dropped beyond it)")
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     check_context_length(parser, args)
     config = {k: v for k, v in vars(args).items() if k != "device"}

@@ -24,8 +24,7 @@ from cs336_systems.lm.step import MODES
 from cs336_systems.measure.memory import GIB
 from cs336_systems.measure.memory_timeline import PREEXISTING, Timeline
 from cs336_systems.records import read_record
-from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, not_in_preset, not_ok, reason
+from cs336_systems.report import facts, figures
 from cs336_systems.report.tables import (
     ensure_columns,
     env_summary,
@@ -146,7 +145,7 @@ def timeline_figure(rows: pd.DataFrame, timelines: dict[int, Timeline],
             row = match.iloc[0]
             timeline = timelines.get(match.index[0])
             if timeline is None:
-                why = reason(row["message"]) or "the timeline file is missing"
+                why = facts.reason(row["message"]) or "the timeline file is missing"
                 plot.not_measured(ax, panel_title(row), f"{row['status']}: {why}"
                                   if row["status"] != "ok" else why)
                 continue
@@ -431,7 +430,7 @@ def largest_facts(largest: pd.DataFrame, chosen: list[dict]) -> dict:
 # --- the section -----------------------------------------------------------------------------
 
 def left_out(frame: pd.DataFrame, assignment: dict) -> str:
-    return not_in_preset({"sizes": (assignment["sizes"], frame["size"]),
+    return facts.not_in_preset({"sizes": (assignment["sizes"], frame["size"]),
                           "contexts": (assignment["context_lengths"], frame["context_length"]),
                           "modes": (assignment["modes"], frame["mode"]),
                           "precisions": (assignment["precisions"], frame["precision"])})
@@ -471,7 +470,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     first = frame.iloc[0] if len(frame) else None
     return {
         "env": env_summary(frame),
-        "coverage": {"memory_profiling": covered(
+        "coverage": {"memory_profiling": facts.covered(
             frame, anchor="memory_profiling", missing=left_out(frame, options["assignment"]),
             how="(f), one block's residuals and gradients, is answered in the residuals "
                 "section")},
@@ -503,7 +502,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
 def failures(frame: pd.DataFrame) -> list[dict]:
     """The configurations not measured, grouped by status and reason."""
     groups: dict[tuple[str, str], list[str]] = {}
-    for f in not_ok(frame, CONFIG):
+    for f in facts.not_ok(frame, CONFIG):
         name = f"{size_label(f['size'])} ctx {f['context_length']} {f['mode']} {f['precision']}"
         groups.setdefault((f["status"], f["reason"]), []).append(name)
     return [{"status": status, "reason": why, "configs": names}

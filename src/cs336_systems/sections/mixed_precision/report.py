@@ -19,15 +19,7 @@ from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.sizes import size_label
 from cs336_systems.lm.step import MODES
 from cs336_systems.records import read_record
-from cs336_systems.report import figures
-from cs336_systems.report.facts import (
-    covered,
-    not_ok,
-    overhead_bound,
-    overhead_rule,
-    reason,
-    speedup,
-)
+from cs336_systems.report import facts, figures
 from cs336_systems.report.render import fmt_ratio
 from cs336_systems.report.tables import (
     ensure_columns,
@@ -54,7 +46,7 @@ def _config(paths: list[str]) -> dict | None:
 
 
 def _not_measured(record: dict) -> dict:
-    return {"status": record["status"], "reason": reason(record.get("message"))}
+    return {"status": record["status"], "reason": facts.reason(record.get("message"))}
 
 
 # --- 1.3: accumulation -----------------------------------------------------------------------
@@ -271,7 +263,7 @@ def speedup_table(paths: list[str]) -> pd.DataFrame:
                            + [f"{p}_ms_{s}" for p in PHASES for s in ("mean", "std")])
     keys = ["size", "context_length", "mode"]
     # a step whose time hardly grows with the context measured launches, not the model
-    frame["overhead"] = overhead_bound(frame, ["size", "mode", "precision"],
+    frame["overhead"] = facts.overhead_bound(frame, ["size", "mode", "precision"],
                                        frame["context_length"].astype(float), "step_ms_mean")
     rows = []
     for key, group in frame.groupby(keys, sort=False):
@@ -288,7 +280,7 @@ def speedup_table(paths: list[str]) -> pd.DataFrame:
             for name, r in (("fp32", fp32), ("bf16", bf16)):
                 row[f"{name}_{phase}_ms_mean"] = r[f"{phase}_ms_mean"]
                 row[f"{name}_{phase}_ms_std"] = r[f"{phase}_ms_std"]
-            s = speedup(bf16[f"{phase}_ms_mean"], fp32[f"{phase}_ms_mean"],
+            s = facts.speedup(bf16[f"{phase}_ms_mean"], fp32[f"{phase}_ms_mean"],
                         bf16[f"{phase}_ms_std"], fp32[f"{phase}_ms_std"])
             row[f"{phase}_speedup"] = s["ratio"] if s else None
             row[f"{phase}_within_spread"] = s["within_spread"] if s else None
@@ -405,7 +397,7 @@ def speedup_summary(table: pd.DataFrame) -> dict | None:
     worst = ok.loc[ok["step_speedup"].idxmin()]
     where = lambda r: {"size": r["size"], "context_length": r["context_length"],
                        "mode": r["mode"], "ratio": r["step_speedup"],
-                       "verdict": speedup(1.0, r["step_speedup"])}
+                       "verdict": facts.speedup(1.0, r["step_speedup"])}
     return {"count": len(ok), "overhead_bound": len(overhead),
             "faster": int((ok["step_speedup"] > 1).sum()),
             "slower": int((ok["step_speedup"] < 1).sum()),
@@ -475,9 +467,9 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     return {
         "env": env_summary(*frames.values(), bench),
         "coverage": {
-            "mixed_precision_accumulation": covered(frames["accumulation"],
+            "mixed_precision_accumulation": facts.covered(frames["accumulation"],
                                                     anchor="mixed_precision_accumulation"),
-            "benchmarking_mixed_precision": covered(
+            "benchmarking_mixed_precision": facts.covered(
                 pd.concat([frames["toy_model"], frames["layernorm"], part_c],
                           ignore_index=True),
                 missing="; ".join(m for m in missing if m),
@@ -490,9 +482,9 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
             "table": long_table(speedup_display(speedups), outputs["speedup_table"],
                                 speedup_by_context(speedups)) if not speedups.empty else None,
             "on_cuda": on_cuda, "trends": trends(speedups), "summary": speedup_summary(speedups),
-            "overhead": overhead_rule(),
+            "overhead": facts.overhead_rule(),
             "sizes": sorted(set(speedups["size"]), key=SIZE_ORDER.get) if len(speedups) else [],
-            "failures": not_ok(bench, ["size", "context_length", "mode", "precision"])
+            "failures": facts.not_ok(bench, ["size", "context_length", "mode", "precision"])
             if len(bench) else [],
             "figure": outputs["speedup_figure"],
         },

@@ -18,21 +18,14 @@ of activations at each offset, rounded to every precision and computed by each m
 
 from __future__ import annotations
 
-import argparse
-
 from cs336_systems.lm.precision import PRECISIONS
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    positive_float,
-    positive_int,
-)
+from cs336_systems.pipeline.cli import positive_float, positive_int, section_parser
 from cs336_systems.pipeline.records import run_and_record
 from cs336_systems.sections.mixed_precision.study import MEASURE, PARTS
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--part", required=True, choices=list(PARTS))
     group = parser.add_argument_group("accumulation")
     group.add_argument("--steps", type=positive_int, default=1000)
@@ -50,7 +43,6 @@ def main(argv: list[str] | None = None) -> dict:
     group.add_argument("--std-min", type=positive_float, default=0.1)
     group.add_argument("--std-max", type=positive_float, default=10.0)
     group.add_argument("--eps", type=positive_float, default=1e-5)
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     if args.std_min > args.std_max:
         parser.error(f"--std-min ({args.std_min}) must not exceed --std-max ({args.std_max})")

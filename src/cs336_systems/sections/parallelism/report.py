@@ -27,15 +27,8 @@ import sympy as sp
 from cs336_systems.analysis import parallelism as par
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.records import read_record
-from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, reason
+from cs336_systems.report import facts, figures, tables
 from cs336_systems.report.render import fmt
-from cs336_systems.report.tables import (
-    env_summary,
-    records_frame,
-    to_markdown,
-    write_table,
-)
 
 HALF_PRECISIONS = ("bf16", "fp16")   # tensor cores run both at the same rate
 PASSES = ("forward", "backward")
@@ -55,7 +48,7 @@ def _gpu_rows(paths: list[str]) -> pd.DataFrame:
     """The records of `paths` that ran and ran on a GPU, with their paths."""
     if not paths:
         return pd.DataFrame()
-    frame = records_frame(paths).assign(record=paths)
+    frame = tables.records_frame(paths).assign(record=paths)
     return frame[(frame["status"] == "ok") & (frame["env_device"] == "cuda")]
 
 
@@ -262,7 +255,8 @@ def checks(path: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     """The checks record's verdicts, and its collective and FLOP tables."""
     record = read_record(path)
     if record["status"] != "ok":
-        failed = {"ran": False, "status": record["status"], "reason": reason(record.get("message"))}
+        failed = {"ran": False, "status": record["status"],
+                  "reason": facts.reason(record.get("message"))}
         return failed, pd.DataFrame(), pd.DataFrame()
     m = record["metrics"]
     collectives = pd.DataFrame(m["collectives"])
@@ -283,7 +277,7 @@ def checks(path: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
         "ffn_shape": {k: record["config"][k] for k in ("batch", "d_model", "d_ff")},
         "tp_devices": [row["devices"] for row in tp],
         "tp_max_abs_error": max(errors), "tp_max_abs_value": max(r["max_abs_value"] for r in tp),
-        "collectives_table": to_markdown(pd.DataFrame({
+        "collectives_table": tables.to_markdown(pd.DataFrame({
             "collective": collectives["collective"], "N": collectives["devices"],
             "S bytes": collectives["bytes"], "steps": collectives["steps"],
             "bytes sent per device": collectives["bytes_sent_per_device"],
@@ -291,7 +285,7 @@ def checks(path: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
             "formula (S/W)": collectives["formula_time_s_per_w"].map(lambda v: fmt(v, 3)),
             "sum exact": collectives["max_abs_error"].map(lambda v: "yes" if v == 0 else f"{v:g}"),
         })),
-        "flops_table": to_markdown(pd.DataFrame({
+        "flops_table": tables.to_markdown(pd.DataFrame({
             "strategy": flops["strategy"], "N": flops["devices"], "pass": flops["pass"],
             "FlopCounterMode": flops["counted"], "formula": flops["formula"]})),
     }, collectives, flops
@@ -334,7 +328,7 @@ def ratio_figure(sizes: list[str], batch_tokens: int, hw: dict, path: str | Path
 def _provenance_env(hw: dict) -> list[pd.DataFrame]:
     """The records C and W came from (their env columns), for the section's header."""
     paths = [hw[k]["record"] for k in ("C", "W") if not hw[k]["nominal"]]
-    return [records_frame(paths)] if paths else []
+    return [tables.records_frame(paths)] if paths else []
 
 
 def coverage(checks_frame: pd.DataFrame, hw: dict) -> dict:
@@ -342,9 +336,9 @@ def coverage(checks_frame: pd.DataFrame, hw: dict) -> dict:
     how = (f"evaluated with the config's nominal {' and '.join(nominal)} "
            f"({hw['nominal']['gpu']}): this run has no GPU record of "
            f"{'them' if len(nominal) > 1 else 'it'}" if nominal else "")
-    return {"alternate_ring_all_reduce": covered(checks_frame,
+    return {"alternate_ring_all_reduce": facts.covered(checks_frame,
                                                  anchor="alternate_ring_all_reduce"),
-            **{problem: covered(checks_frame, anchor=problem, how=how)
+            **{problem: facts.covered(checks_frame, anchor=problem, how=how)
                for problem in ("data_parallel_calcs", "fsdp_calcs", "tp_calcs",
                                "fsdp_tp_calcs")}}
 
@@ -357,19 +351,19 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     limit_rows = [limits(s, batch_tokens, hw) for s in sizes]
     time_rows = [times(s, batch_tokens, devices, hw) for s in sizes]
     check_facts, collectives, flops = checks(records["checks"][0])
-    write_table(_flat(limit_rows), outputs["limits_table"])
-    write_table(_flat(time_rows), outputs["times_table"])
-    write_table(collectives, outputs["collectives_table"])
-    write_table(flops, outputs["flops_table"])
+    tables.write_table(_flat(limit_rows), outputs["limits_table"])
+    tables.write_table(_flat(time_rows), outputs["times_table"])
+    tables.write_table(collectives, outputs["collectives_table"])
+    tables.write_table(flops, outputs["flops_table"])
     ratio_figure(sizes, batch_tokens, hw, outputs["ratio_figure"])
 
     largest = limit_rows[-1]
     nominal_hw = {**hw, "C": {"value": hw["nominal"]["flop_per_s"]},
                   "W": {"value": hw["nominal"]["egress_bytes_per_s"]}}
-    checks_frame = records_frame(records["checks"]).drop(columns=["env_device", "env_gpu"],
+    checks_frame = tables.records_frame(records["checks"]).drop(columns=["env_device", "env_gpu"],
                                                         errors="ignore")
     return {
-        "env": env_summary(checks_frame, *_provenance_env(hw)),
+        "env": tables.env_summary(checks_frame, *_provenance_env(hw)),
         "coverage": coverage(checks_frame, hw),
         "hardware": hw,
         "batch_tokens": batch_tokens,
@@ -377,8 +371,8 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "value_bytes": par.VALUE_BYTES,
         "formulas": copy.deepcopy(formulas()),
         "limits": limit_rows,
-        "limits_table": to_markdown(_limits_display(limit_rows)),
-        "times_table": to_markdown(_times_display(time_rows)),
+        "limits_table": tables.to_markdown(_limits_display(limit_rows)),
+        "times_table": tables.to_markdown(_times_display(time_rows)),
         "largest_size": largest,
         # independent of the model size: the batch-splitting strategies' bound, and the batch
         # per device it leaves

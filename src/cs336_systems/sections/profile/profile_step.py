@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cs336_systems.pipeline.cli import add_common_arguments
+from cs336_systems.pipeline.cli import section_parser
 from cs336_systems.pipeline.options import add_lm_step_arguments, check_context_length
 from cs336_systems.pipeline.records import resolve_device, run_and_record
 from cs336_systems.sections.profile.step_profile import (
@@ -32,15 +32,13 @@ from cs336_systems.sections.profile.step_profile import (
 
 def main(argv: list[str] | None = None) -> dict | None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     add_lm_step_arguments(parser, warmup_steps=3, measure_steps=3, attention="annotated")
     parser.add_argument("--tool", default="torch", choices=TOOLS)
     parser.add_argument("--trace", default=None,
                         help="the trace (torch: .trace.json.gz) or report (nsys: .nsys-rep) "
                              "to write; default: beside --output")
     parser.add_argument("--under-nsys", action="store_true", help=argparse.SUPPRESS)
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     check_context_length(parser, args)
     config = {k: v for k, v in vars(args).items()

@@ -17,18 +17,8 @@ from cs336_systems.lm.attention import ATTENTION_PARTS
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.step import MODES
 from cs336_systems.records import read_record
-from cs336_systems.report import figures
-from cs336_systems.report.facts import covered, not_in_preset, not_ok, reason
+from cs336_systems.report import facts, figures, tables
 from cs336_systems.report.render import fmt
-from cs336_systems.report.tables import (
-    ensure_columns,
-    env_summary,
-    long_table,
-    mean_pm_std,
-    records_frame,
-    to_markdown,
-    write_table,
-)
 
 CONFIG = ["size", "context_length", "mode"]
 TOP = 5                 # kernels shown per configuration
@@ -88,7 +78,7 @@ def kernel_frame(paths: list[str]) -> pd.DataFrame:
 
 def summary_table(paths: list[str]) -> pd.DataFrame:
     """One row per record: the harness's timings, the profiler's ranges, matmul share."""
-    frame = ensure_columns(records_frame(paths), [
+    frame = tables.ensure_columns(tables.records_frame(paths), [
         "message", "forward_ms_mean", "forward_ms_std", "step_ms_mean", "step_ms_std",
         "profiled_forward_ms_mean", "profiled_step_ms_mean", "device_work", "peak_gib"])
     extra = []
@@ -140,7 +130,7 @@ def forward_time(summary: pd.DataFrame) -> dict:
         harness, spread = r["forward_ms_mean"], r["forward_ms_std"]
         profiled = r["profiled_forward_ms_mean"]
         rows.append({"size": r["size"], "context": r["context_length"],
-                     "harness ms": mean_pm_std(harness, spread, 3),
+                     "harness ms": tables.mean_pm_std(harness, spread, 3),
                      "harness under profiler ms": fmt(profiled, 3),
                      "profile: forward range span ms": fmt(span, 3),
                      "profile: kernels' own time ms": fmt(busy, 3)})
@@ -152,7 +142,7 @@ def forward_time(summary: pd.DataFrame) -> dict:
     if not configs:
         return {}
     frame = pd.DataFrame(configs)
-    return {"table": to_markdown(pd.DataFrame(rows)), "configs": configs,
+    return {"table": tables.to_markdown(pd.DataFrame(rows)), "configs": configs,
             **{f"{key}_{stat}": getattr(frame[key], stat)()
                for key in ("span_over_harness", "span_over_profiled", "busy_over_harness")
                for stat in ("min", "max")},
@@ -202,7 +192,7 @@ def top_kernels(kernels: pd.DataFrame, focus: dict[str, int]) -> dict:
                                  "ms/step": fmt(k["ms_per_step"], 3),
                                  "share %": fmt(100 * k["share"], 1), "ran in": k["ranges"]})
     leaders.sort(key=lambda e: (SIZE_RANK[e["size"]], e["context_length"]))
-    return {"leaders": leaders, "table": to_markdown(pd.DataFrame(rows)),
+    return {"leaders": leaders, "table": tables.to_markdown(pd.DataFrame(rows)),
             "same_leader": all(e.get("leads_forward_backward", True) for e in leaders),
             "leader_names": sorted({e["kernel"] for e in leaders})}
 
@@ -235,7 +225,8 @@ def non_matmul(kernels: pd.DataFrame, focus: dict[str, int], csv_path: str) -> d
             sel = totals[(totals["size"] == size) & (totals["context_length"] == context)
                          & (totals["mode"] == mode) & ~totals["matmul"]]
             share[f"{size}/{mode}"] = sel["share"].sum()
-    return {"table": long_table(frame, csv_path, frame.iloc[largest] if len(frame) else None),
+    return {"table": tables.long_table(frame, csv_path,
+                                       frame.iloc[largest] if len(frame) else None),
             "count": len(frame), "shown": NON_MATMUL_SHOWN,
             "threshold": NOTABLE_SHARE, "non_matmul_share": share}
 
@@ -270,8 +261,8 @@ def matmul_share(summary: pd.DataFrame, kernels: pd.DataFrame, focus: dict[str, 
                            "forward share %": fmt(100 * fwd["share"].get(kernel, 0.0), 1),
                            "train-step share %": fmt(100 * train.loc[kernel, "share"], 1),
                            "train-step ms/step": fmt(train.loc[kernel, "ms_per_step"], 3)})
-    return {"table": to_markdown(pd.DataFrame(rows)), "configs": configs,
-            "growth_table": to_markdown(pd.DataFrame(growth)),
+    return {"table": tables.to_markdown(pd.DataFrame(rows)), "configs": configs,
+            "growth_table": tables.to_markdown(pd.DataFrame(growth)),
             "all_fall": bool(configs) and all(c["word"] == "falls" for c in configs)}
 
 
@@ -303,14 +294,14 @@ def attention_parts(summary: pd.DataFrame, kernels: pd.DataFrame, paths: list[st
                         "softmax_over_matmul_flops": part_flops[softmax] / matmul_flops,
                         "per_flop": max(per_flop, 1 / per_flop),
                         "per_flop_word": "slower" if per_flop > 1 else "faster"})
-    return {"table": to_markdown(pd.DataFrame(rows)), "configs": configs}
+    return {"table": tables.to_markdown(pd.DataFrame(rows)), "configs": configs}
 
 
 def nsys_facts(paths: list[str]) -> dict:
     """Nsight Systems' kernel summary where it ran; else why not."""
     if not paths:
         return {"configured": False}
-    frame = ensure_columns(records_frame(paths), ["message"])
+    frame = tables.ensure_columns(tables.records_frame(paths), ["message"])
     kernels = kernel_frame(paths)
     rows = []
     for key, g in by_kernel(kernels).groupby(CONFIG):
@@ -321,9 +312,9 @@ def nsys_facts(paths: list[str]) -> dict:
                          "share %": fmt(100 * k["share"], 1)})
     return {"configured": True, "ran": int((frame["status"] == "ok").sum()),
             "count": len(frame),
-            "reasons": sorted({reason(m) for m in frame.loc[frame["status"] != "ok", "message"]}
-                              - {""}),
-            "table": to_markdown(pd.DataFrame(rows)) if rows else ""}
+            "reasons": sorted({facts.reason(m)
+                               for m in frame.loc[frame["status"] != "ok", "message"]} - {""}),
+            "table": tables.to_markdown(pd.DataFrame(rows)) if rows else ""}
 
 
 # --- figure ----------------------------------------------------------------------------------
@@ -349,7 +340,7 @@ def breakdown_figure(summary: pd.DataFrame, path: str) -> None:
 # --- the section -----------------------------------------------------------------------------
 
 def left_out(summary: pd.DataFrame, assignment: dict) -> str:
-    return not_in_preset({"sizes": (assignment["sizes"], summary["size"]),
+    return facts.not_in_preset({"sizes": (assignment["sizes"], summary["size"]),
                           "contexts": (assignment["context_lengths"], summary["context_length"]),
                           "modes": (assignment["modes"], summary["mode"])})
 
@@ -361,8 +352,8 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     paths = records["records"]
     summary = summary_table(paths)
     kernels = kernel_frame(paths)
-    write_table(summary, outputs["summary_table"])
-    write_table(kernels, outputs["kernel_table"])
+    tables.write_table(summary, outputs["summary_table"])
+    tables.write_table(kernels, outputs["kernel_table"])
     breakdown_figure(summary, outputs["figure"])
     ok = summary[summary["status"] == "ok"]
     on_cuda = bool((ok["device_work"] == "cuda kernels").any()) if len(ok) else False
@@ -377,8 +368,8 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
                        f"configurations ({'; '.join(nsys['reasons'])}), torch.profiler "
                        "answers in its place")
     return {
-        "env": env_summary(summary),
-        "coverage": {"nsys_profile": covered(summary, anchor="nsys_profile",
+        "env": tables.env_summary(summary),
+        "coverage": {"nsys_profile": facts.covered(summary, anchor="nsys_profile",
                                              missing="; ".join(m for m in missing if m))},
         "on_cuda": on_cuda,
         "any_ok": bool(len(ok)),
@@ -395,6 +386,6 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "attention_parts": attention_parts(summary, kernels, paths),
         "nsys": nsys,
         "traces": traces,
-        "failures": not_ok(summary, CONFIG),
+        "failures": facts.not_ok(summary, CONFIG),
         "figure": outputs["figure"],
     }

@@ -21,23 +21,14 @@ forward and what the forward left allocated.
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.precision import PRECISIONS
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    positive_int,
-    record_run,
-)
+from cs336_systems.pipeline.cli import positive_int, record_run, section_parser
 from cs336_systems.sections.residuals.saved import TARGETS, VARIANTS, measure
 
 
 def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--target", required=True, choices=TARGETS)
     parser.add_argument("--variant", default="eager", choices=VARIANTS)
     parser.add_argument("--size", choices=list(MODEL_SIZES),
@@ -50,7 +41,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--context-length", type=positive_int, required=True)
     parser.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
                         help="fp32, or autocast to bf16 / fp16")
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     if args.target == "block":
         if args.size is None:

@@ -18,15 +18,8 @@ import torch
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.sizes import size_label
 from cs336_systems.records import read_record
-from cs336_systems.report import figures
+from cs336_systems.report import figures, tables
 from cs336_systems.report.facts import covered, not_in_preset, not_ok
-from cs336_systems.report.tables import (
-    ENV_COLUMNS,
-    ensure_columns,
-    env_summary,
-    to_markdown,
-    write_table,
-)
 
 MIB = 2**20
 TOP = 5   # operations of (f), and per record in the tables
@@ -109,9 +102,9 @@ def summary_frame(records: list[dict]) -> pd.DataFrame:
                 "forward_peak_gib": m["forward_peak_gib"],
                 "held_after_forward_bytes": m["held_after_forward_bytes"],
                 "output_bytes": m["output_bytes"], "method": m["method"]})
-        row.update({f"env_{k}": r["env"].get(k) for k in ENV_COLUMNS})
+        row.update({f"env_{k}": r["env"].get(k) for k in tables.ENV_COLUMNS})
         rows.append(row)
-    return ensure_columns(pd.DataFrame(rows, columns=list(rows[0]) if rows else CONFIG), [
+    return tables.ensure_columns(pd.DataFrame(rows, columns=list(rows[0]) if rows else CONFIG), [
         "saved_count", "saved_bytes", "saved_mib", "full_size_count", "analytic_saved_bytes",
         "saved_agrees", "gradient_bytes", "analytic_gradient_bytes", "gradient_agrees",
         "forward_peak_gib", "held_after_forward_bytes", "output_bytes", "message"])
@@ -206,7 +199,7 @@ def kinds_table(left: dict, right: dict, names: tuple[str, str]) -> tuple[str, l
         facts.append({"kind": kind, "what": KIND_NOTES.get(kind, ""), "left_count": x["count"],
                       "left_mib": x["mib"], "right_count": y["count"], "right_mib": y["mib"],
                       "mib_change": y["mib"] - x["mib"]})
-    return to_markdown(pd.DataFrame(rows)), facts
+    return tables.to_markdown(pd.DataFrame(rows)), facts
 
 
 def block_facts(records: list[dict], summary: pd.DataFrame) -> dict:
@@ -362,8 +355,8 @@ def memory_f_facts(records: list[dict]) -> tuple[pd.DataFrame, dict]:
                    "read from": ".grad sizes", "MiB": g["mib"],
                    "analytic MiB": g["analytic_mib"],
                    "agree": "yes" if g["agrees"] else "no"} for g in entry["gradients"]]
-        entry["table"] = to_markdown(pd.DataFrame(shown))
-        entry["top_table"] = to_markdown(pd.DataFrame(
+        entry["table"] = tables.to_markdown(pd.DataFrame(shown))
+        entry["top_table"] = tables.to_markdown(pd.DataFrame(
             [{"#": i, "operation (module: code (op))": op["label"], "MiB": op["mib"],
               "share %": 100 * op["share"]} for i, op in enumerate(entry["top"], 1)]))
         contexts.append(entry)
@@ -398,7 +391,7 @@ def summary_display(summary: pd.DataFrame) -> str:
                      "analytic (eager) MiB": r["analytic_saved_bytes"] / MIB,
                      "agree": "" if r["saved_agrees"] is None or pd.isna(r["saved_agrees"])
                      else ("yes" if r["saved_agrees"] else "no")})
-    return to_markdown(pd.DataFrame(rows))
+    return tables.to_markdown(pd.DataFrame(rows))
 
 
 def kinds_figure(rmsnorm: list[dict], block: list[dict], focus: int | None, path: str) -> None:
@@ -483,10 +476,10 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     rmsnorm, block = read(records["rmsnorm"]), read(records["block"])
     everything = rmsnorm + block
     summary = summary_frame(everything)
-    write_table(summary, outputs["table"])
-    write_table(operations_frame(everything), outputs["operations_table"])
+    tables.write_table(summary, outputs["table"])
+    tables.write_table(operations_frame(everything), outputs["operations_table"])
     f_frame, f_facts = memory_f_facts(block)
-    write_table(f_frame, outputs["block_table"])
+    tables.write_table(f_frame, outputs["block_table"])
     blocks = block_facts(block, summary)
     kinds_figure(rmsnorm, block, blocks["focus_context"], outputs["figure"])
     ok = [r for r in everything if r["status"] == "ok"]
@@ -494,7 +487,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     unhooked = sorted({(", ".join(st["saved_by"]), st["dtype"], str(st["shape"]), st["bytes"])
                        for r in ok for st in r["metrics"]["storages"] if not st["counted"]})
     return {
-        "env": env_summary(summary),
+        "env": tables.env_summary(summary),
         "coverage": {"autograd_residuals": covered(
             summary, anchor="autograd_residuals", missing=left_out(everything,
                                                                    options["assignment"]))},

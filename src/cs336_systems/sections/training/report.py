@@ -18,14 +18,7 @@ import pandas as pd
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.optimizer import optimizer_label
 from cs336_systems.records import read_record
-from cs336_systems.report.facts import median_speedup, not_ok, number
-from cs336_systems.report.tables import (
-    ensure_columns,
-    env_summary,
-    records_frame,
-    to_markdown,
-    write_table,
-)
+from cs336_systems.report import facts, tables
 from cs336_systems.sections.training.runs import RUNS
 
 SIZE_ORDER = {name: i for i, name in enumerate(MODEL_SIZES)}
@@ -56,7 +49,7 @@ def optimizer_rows(paths: list[str]) -> pd.DataFrame:
             rows.append({**base, **{k: v for k, v in entry.items() if k != "rounds_ms"},
                          "ms_mean": statistics.fmean(rounds) if rounds else None,
                          "ms_std": statistics.stdev(rounds) if len(rounds) > 1 else None})
-    frame = ensure_columns(pd.DataFrame(rows), ["optimizer", "status", "ms_median", "ms_min",
+    frame = tables.ensure_columns(pd.DataFrame(rows), ["optimizer", "status", "ms_median", "ms_min",
                                                 "ms_max", "ms_mean", "ms_std", "extra_gib",
                                                 "floor_ms", "copy_gbps", "message"])
     if frame.empty:
@@ -75,7 +68,7 @@ def optimizer_facts(frame: pd.DataFrame) -> list[dict]:
     out = []
     for size, group in frame.groupby("size", sort=False):
         ok = group[group["status"] == "ok"].set_index("optimizer")
-        floor = number(group["floor_ms"].iloc[0])
+        floor = facts.number(group["floor_ms"].iloc[0])
         shown = pd.DataFrame({
             "optimizer": [optimizer_label(o) for o in ok.index],
             "step ms (median [min–max] of rounds)": [
@@ -88,22 +81,22 @@ def optimizer_facts(frame: pd.DataFrame) -> list[dict]:
         fused = None
         if {OURS_FUSED, TORCH_FUSED} <= set(ok.index):
             a, b = ok.loc[OURS_FUSED], ok.loc[TORCH_FUSED]
-            fused = {"vs_torch": median_speedup(a["ms_median"], b["ms_median"],
+            fused = {"vs_torch": facts.median_speedup(a["ms_median"], b["ms_median"],
                                                 (a["ms_min"], a["ms_max"]),
                                                 (b["ms_min"], b["ms_max"])),
-                     "ms": number(a["ms_median"]), "torch_ms": number(b["ms_median"]),
-                     "ratio_to_torch": number(a["ms_median"] / b["ms_median"]),
-                     "ratio_to_floor": number(a["ms_median"] / floor) if floor else None,
-                     "extra_gib": number(a["extra_gib"])}
+                     "ms": facts.number(a["ms_median"]), "torch_ms": facts.number(b["ms_median"]),
+                     "ratio_to_torch": facts.number(a["ms_median"] / b["ms_median"]),
+                     "ratio_to_floor": facts.number(a["ms_median"] / floor) if floor else None,
+                     "extra_gib": facts.number(a["extra_gib"])}
         reference = ok.loc["adamw"] if "adamw" in ok.index else None
-        out.append({"size": size, "parameters": number(group["parameters"].iloc[0]),
+        out.append({"size": size, "parameters": facts.number(group["parameters"].iloc[0]),
                     "gpu": group["gpu"].iloc[0], "git": group["git"].iloc[0],
-                    "floor_ms": floor, "copy_gbps": number(group["copy_gbps"].iloc[0]),
-                    "table": to_markdown(shown) if len(shown) else "_(no optimizer measured)_",
+                    "floor_ms": floor, "copy_gbps": facts.number(group["copy_gbps"].iloc[0]),
+                    "table": tables.to_markdown(shown) if len(shown) else "_(no optimizer measured)_",
                     "fused": fused,
-                    "written_out_extra_gib": number(reference["extra_gib"])
+                    "written_out_extra_gib": facts.number(reference["extra_gib"])
                     if reference is not None else None,
-                    "not_measured": not_ok(group.assign(optimizer=group["optimizer"].fillna(
+                    "not_measured": facts.not_ok(group.assign(optimizer=group["optimizer"].fillna(
                         "all")), ["optimizer"])})
     return out
 
@@ -117,7 +110,8 @@ def training_frame(paths: list[str]) -> pd.DataFrame:
     """One row per run: its phases (each timed on its own) and `ms_*`, the step time of whole
     steps run back to back (`loop_step_ms_*`), which the comparisons use."""
     metrics = [f"{p}_ms_{s}" for p in (*PHASES, "loop_step") for s in STATS]
-    frame = ensure_columns(records_frame(paths), ["message", "peak_gib", "matmul_tflops",
+    frame = tables.ensure_columns(tables.records_frame(paths),
+                                  ["message", "peak_gib", "matmul_tflops",
                                                   "model_flops", *metrics])
     if frame.empty:
         return frame
@@ -134,7 +128,7 @@ def training_frame(paths: list[str]) -> pd.DataFrame:
 
 def _step_speedup(a: pd.Series, b: pd.Series) -> dict | None:
     """The step times' comparison as the tables show them: medians, with [min–max]."""
-    return median_speedup(a["ms_median"], b["ms_median"], (a["ms_min"], a["ms_max"]),
+    return facts.median_speedup(a["ms_median"], b["ms_median"], (a["ms_min"], a["ms_max"]),
                           (b["ms_min"], b["ms_max"]))
 
 
@@ -152,10 +146,10 @@ def _twin_gains(ok: pd.DataFrame, lever: str, on: object, off: object) -> list[d
         if twin in ok.index:
             peak = ok.loc[twin, "peak_gib"] - ok.loc[name, "peak_gib"]
             gains.append({"run": run.label, "twin": RUNS[twin].label,
-                          "ms": number(ok.loc[name, "ms_median"]),
-                          "twin_ms": number(ok.loc[twin, "ms_median"]),
+                          "ms": facts.number(ok.loc[name, "ms_median"]),
+                          "twin_ms": facts.number(ok.loc[twin, "ms_median"]),
                           "speedup": _step_speedup(ok.loc[name], ok.loc[twin]),
-                          "peak_gib": number(abs(peak)),
+                          "peak_gib": facts.number(abs(peak)),
                           "peak_word": "lower" if peak > 0 else "higher",
                           "optimizer": _optimizer_share(ok.loc[name], ok.loc[twin])})
     return gains
@@ -170,8 +164,8 @@ def _optimizer_share(run: pd.Series, twin: pd.Series) -> dict | None:
         return None
     step_diff = run["ms_median"] - twin["ms_median"]
     outside = step_diff - (phase - twin_phase)
-    return {"ms": number(phase), "twin_ms": number(twin_phase),
-            "outside_ms": number(outside),
+    return {"ms": facts.number(phase), "twin_ms": facts.number(twin_phase),
+            "outside_ms": facts.number(outside),
             "mostly_outside": bool(abs(outside) > abs(phase - twin_phase))}
 
 
@@ -179,7 +173,7 @@ def training_facts(frame: pd.DataFrame) -> list[dict]:
     out = []
     for size, group in frame.groupby("size", sort=False):
         ok = group[group["status"] == "ok"].set_index("run")
-        ceiling = number(ok["matmul_tflops"].median()) if len(ok) else None
+        ceiling = facts.number(ok["matmul_tflops"].median()) if len(ok) else None
         shown = pd.DataFrame({
             "run": group["label"], "status": group["status"],
             "step ms (median [min–max])": [
@@ -198,8 +192,9 @@ def training_facts(frame: pd.DataFrame) -> list[dict]:
             if best is not None and reference in ok.index:
                 against[reference] = {
                     "label": RUNS[reference].label,
-                    "ms": number(ok.loc[reference, "ms_median"]),
-                    "ratio": number(ok.loc[best, "ms_median"] / ok.loc[reference, "ms_median"]),
+                    "ms": facts.number(ok.loc[reference, "ms_median"]),
+                    "ratio": facts.number(ok.loc[best, "ms_median"]
+                                          / ok.loc[reference, "ms_median"]),
                     "speedup": _step_speedup(ok.loc[best], ok.loc[reference])}
         # what one lever buys: each run beside its twin without it, in the same matrix
         fused_gain = _twin_gains(ok, "optimizer", "adamw-fused", "adamw")
@@ -209,26 +204,27 @@ def training_facts(frame: pd.DataFrame) -> list[dict]:
         out.append({
             "size": size, "ceiling_tflops": ceiling,
             "ceiling_range": None if ceilings.empty else {
-                "min": number(ceilings.min()), "max": number(ceilings.max()), "jobs": len(ceilings)},
-            "table": to_markdown(shown),
+                "min": facts.number(ceilings.min()), "max": facts.number(ceilings.max()), "jobs": len(ceilings)},
+            "table": tables.to_markdown(shown),
             "best": None if best is None else {
-                "label": RUNS[best].label, "ms": number(ok.loc[best, "ms_median"]),
-                "tflops": number(ok.loc[best, "tflops"]),
-                "ceiling_share": number(ok.loc[best, "tflops"] / ceiling) if ceiling else None,
+                "label": RUNS[best].label, "ms": facts.number(ok.loc[best, "ms_median"]),
+                "tflops": facts.number(ok.loc[best, "tflops"]),
+                "ceiling_share": (facts.number(ok.loc[best, "tflops"] / ceiling)
+                                  if ceiling else None),
                 "ceiling_share_range": None if ceilings.empty else {
-                    "min": number(ok.loc[best, "tflops"] / ceilings.max()),
-                    "max": number(ok.loc[best, "tflops"] / ceilings.min())},
-                "peak_gib": number(ok.loc[best, "peak_gib"])},
+                    "min": facts.number(ok.loc[best, "tflops"] / ceilings.max()),
+                    "max": facts.number(ok.loc[best, "tflops"] / ceilings.min())},
+                "peak_gib": facts.number(ok.loc[best, "peak_gib"])},
             "against": against, "fused_gain": fused_gain, "masters_gain": masters_gain,
-            "not_measured": not_ok(group, ["label"])})
+            "not_measured": facts.not_ok(group, ["label"])})
     return out
 
 
 def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:
     optimizer = optimizer_rows(records["optimizer"])
     training = training_frame(records["training"])
-    write_table(optimizer, outputs["optimizer_table"])
-    write_table(training, outputs["training_table"])
+    tables.write_table(optimizer, outputs["optimizer_table"])
+    tables.write_table(training, outputs["training_table"])
     shape = training.iloc[0] if len(training) else None
     optimizer_out = optimizer_facts(optimizer) if len(optimizer) else []
     training_out = training_facts(training) if len(training) else []
@@ -245,6 +241,6 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
             "measure_steps": int(shape["measure_steps"])},
         "optimizer_table": outputs["optimizer_table"],
         "training_table": outputs["training_table"],
-        "env": env_summary(training, records_frame(records["optimizer"])),
+        "env": tables.env_summary(training, tables.records_frame(records["optimizer"])),
         "coverage": {},
     }

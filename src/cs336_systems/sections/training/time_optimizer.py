@@ -13,26 +13,18 @@ fp32 parameter) over the copy's bandwidth (bytes read plus written).
 
 from __future__ import annotations
 
-import argparse
-
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.optimizer import FLAT_OPTIMIZERS
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    positive_int,
-    record_run,
-)
+from cs336_systems.pipeline.cli import positive_int, record_run, section_parser
 from cs336_systems.sections.training.optimizer_timing import measure
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--size", required=True, choices=list(MODEL_SIZES))
     parser.add_argument("--optimizers", nargs="+", default=list(FLAT_OPTIMIZERS),
                         choices=list(FLAT_OPTIMIZERS))
     parser.add_argument("--rounds", type=positive_int, default=3)
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     return record_run("optimizer", args, measure)
 

@@ -19,24 +19,16 @@ records `skipped` with the reason.
 
 from __future__ import annotations
 
-import argparse
-
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.precision import PRECISIONS
-from cs336_systems.pipeline.cli import (
-    add_common_arguments,
-    non_negative_int,
-    positive_int,
-    record_run,
-)
+from cs336_systems.pipeline.cli import non_negative_int, positive_int, record_run, section_parser
 from cs336_systems.pipeline.options import check_context_length
 from cs336_systems.sections.training.runs import RUNS
 from cs336_systems.sections.training.step_timing import measure
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = section_parser(__doc__)
     parser.add_argument("--run", required=True, choices=list(RUNS))
     parser.add_argument("--size", required=True, choices=list(MODEL_SIZES))
     parser.add_argument("--context-length", type=positive_int, required=True)
@@ -44,7 +36,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--precision", default="bf16", choices=list(PRECISIONS))
     parser.add_argument("--warmup-steps", type=non_negative_int, default=3)
     parser.add_argument("--measure-steps", type=positive_int, default=5)
-    add_common_arguments(parser)
     args = parser.parse_args(argv)
     check_context_length(parser, args)
     return record_run("training", args, measure)
