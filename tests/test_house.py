@@ -9,6 +9,7 @@ from support.house import (
     circles,
     entry_points,
     floors_from,
+    function_lengths,
     functions_and_classes,
     imports_of_entry_points,
     package_imports,
@@ -80,3 +81,20 @@ def test_a_sections_command_line_defines_only_main():
                 if (defined := functions_and_classes(ROOT / "src" / (m.replace(".", "/") + ".py"))
                     - {"main"})}
     assert not problems, problems
+
+
+MOST_LINES = 500       # a module's, but a kernel's (one kernel and its launches read as one)
+MOST_FUNCTION_LINES = 80
+
+
+def test_no_module_is_longer_than_it_can_be_read_whole():
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if p.parent.name != "kernels" and (n := len(p.read_text().splitlines())) > MOST_LINES}
+    assert not long, f"modules over {MOST_LINES} lines (split them by idea): {long}"
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = {f"{path.relative_to(PACKAGE)}:{line} {name}": n
+            for path in PACKAGE.rglob("*.py")
+            for name, line, n in function_lengths(path) if n > MOST_FUNCTION_LINES}
+    assert not long, f"functions over {MOST_FUNCTION_LINES} lines: {long}"

@@ -13,6 +13,7 @@ from cs336_systems.analysis.checkpoint_trees import BLOCK, Checkpoint, Cost
 from cs336_systems.lm.attention import get_attention
 from cs336_systems.lm.model import MODEL_SIZES, RotaryEmbedding, TransformerBlock
 from cs336_systems.measure.memory import PEAK_SOURCES, LiveBytes, peak_window
+from cs336_systems.sections.checkpointing import nested
 from cs336_systems.sections.checkpointing import nested_checkpointing as nested_cli
 from cs336_systems.sections.checkpointing import time_checkpointing as cli
 
@@ -166,7 +167,7 @@ def test_live_bytes_counts_existing_tensors_and_sees_backward():
 
 def test_live_bytes_orders_checkpointing_as_the_simulator(blocks):
     shape = (1, 16, MODEL_SIZES["tiny"].d_model)
-    peaks = {name: ckpt.measure_strategy(make(4), blocks[:4], shape, torch.device("cpu"))
+    peaks = {name: nested.measure_strategy(make(4), blocks[:4], shape, torch.device("cpu"))
              ["peak_bytes"] for name, (_, make) in ckpt.STRATEGIES.items()}
     assert peaks["none"] > peaks["one_level_1"] > peaks["left_nested"]
     assert peaks["one_level_1"] > peaks["bisection"] >= peaks["left_nested"]
@@ -200,7 +201,7 @@ def test_nested_checkpoints_compute_the_same_gradient_as_no_checkpointing(blocks
     for name, strategy in (("none", ckpt.no_checkpointing(4)), ("left", ckpt.left_nested(4)),
                            ("bisection", ckpt.bisection(4))):
         xi = x.clone().requires_grad_()
-        out = ckpt.run_strategy(strategy, blocks)(xi)
+        out = nested.run_strategy(strategy, blocks)(xi)
         grads[name] = torch.autograd.grad(out.square().sum(), xi)[0]
     torch.testing.assert_close(grads["left"], grads["none"])
     torch.testing.assert_close(grads["bisection"], grads["none"])
@@ -208,12 +209,12 @@ def test_nested_checkpoints_compute_the_same_gradient_as_no_checkpointing(blocks
 
 def test_block_calls_on_real_blocks_equal_the_simulated_compute(blocks):
     shape = (1, 16, MODEL_SIZES["tiny"].d_model)
-    units = ckpt.block_units(blocks, shape, torch.device("cpu"))
+    units = nested.block_units(blocks, shape, torch.device("cpu"))
     assert units["boundary"] == 16 * MODEL_SIZES["tiny"].d_model * 4
     for n in (1, 3, 4):
         for tree in (*[make(n) for _, make in ckpt.STRATEGIES.values()],
                      ckpt.optimal(n, units["activations"], units["boundary"])[0]):
-            measured = ckpt.measure_strategy(tree, blocks[:n], shape, torch.device("cpu"))
+            measured = nested.measure_strategy(tree, blocks[:n], shape, torch.device("cpu"))
             assert measured["block_calls"] == ckpt.simulate(tree).compute, ckpt.notation(tree)
 
 

@@ -10,6 +10,7 @@ import sympy as sp
 import torch
 
 from cs336_systems.analysis import parallelism as par
+from cs336_systems.analysis import ring_collectives as ring
 
 # Hand-checkable numbers: B W / C = 10, so a batch-splitting pass allows 1 + 10 = 11 devices;
 # F W / C = 10, so tensor parallelism allows 1 + 1.5 * 10 = 16 forward, 1 + 3 * 10 = 31 backward.
@@ -26,7 +27,7 @@ def _tensors(n: int, elements: int, seed: int = 0) -> list[np.ndarray]:
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
 def test_the_simulated_ring_all_reduce_sums_exactly_in_the_formulas_time(n):
     tensors = _tensors(n, 4 * n)
-    results, sent = par.simulate_ring_all_reduce(tensors)
+    results, sent = ring.simulate_ring_all_reduce(tensors)
     total = np.sum(tensors, axis=0)
     assert all(np.array_equal(r, total) for r in results)
     size = tensors[0].nbytes
@@ -34,19 +35,19 @@ def test_the_simulated_ring_all_reduce_sums_exactly_in_the_formulas_time(n):
     assert all(b == size // n for step in sent for b in step)   # a shard per device per step
     w = 3.0
     formula = par.value(par.all_reduce_time(par.S, par.N), {par.S: size, par.N: n, par.W: w})
-    assert par.simulated_time(sent, w) == pytest.approx(formula, rel=1e-12)
+    assert ring.simulated_time(sent, w) == pytest.approx(formula, rel=1e-12)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 7])
 def test_the_alternate_all_reduce_takes_n_minus_1_whole_tensor_steps(n):
     tensors = _tensors(n, 6)
-    results, sent = par.simulate_alternate_all_reduce(tensors)
+    results, sent = ring.simulate_alternate_all_reduce(tensors)
     assert all(np.array_equal(r, np.sum(tensors, axis=0)) for r in results)
     size = tensors[0].nbytes
     assert len(sent) == n - 1 and all(b == size for step in sent for b in step)
     formula = par.value(par.alternate_all_reduce_time(par.S, par.N), {par.S: size, par.N: n,
                                                                       par.W: 1.0})
-    assert par.simulated_time(sent, 1.0) == pytest.approx(formula) == (n - 1) * size
+    assert ring.simulated_time(sent, 1.0) == pytest.approx(formula) == (n - 1) * size
     # against the ring: N/2 times the time
     assert par.formula(sp.simplify(par.alternate_all_reduce_time(par.S, par.N)
                                    / par.all_reduce_time(par.S, par.N))) == "N/2"
@@ -54,15 +55,15 @@ def test_the_alternate_all_reduce_takes_n_minus_1_whole_tensor_steps(n):
 
 def test_reduce_scatter_then_all_gather_each_take_n_minus_1_over_n_s_over_w():
     n, tensors = 4, _tensors(4, 8)
-    reduced, sent_rs = par.simulate_reduce_scatter([np.array_split(t, n) for t in tensors])
+    reduced, sent_rs = ring.simulate_reduce_scatter([np.array_split(t, n) for t in tensors])
     expected = np.array_split(np.sum(tensors, axis=0), n)
     for i in range(n):
         assert np.array_equal(reduced[i][(i + 1) % n], expected[(i + 1) % n])
-    gathered, sent_ag = par.simulate_all_gather(reduced)
+    gathered, sent_ag = ring.simulate_all_gather(reduced)
     assert all(np.array_equal(np.concatenate(g), np.concatenate(expected)) for g in gathered)
     size = tensors[0].nbytes
     for sent, time in ((sent_rs, par.reduce_scatter_time), (sent_ag, par.all_gather_time)):
-        assert par.simulated_time(sent, 1.0) == pytest.approx(
+        assert ring.simulated_time(sent, 1.0) == pytest.approx(
             par.value(time(par.S, par.N), {par.S: size, par.N: n, par.W: 1.0}))
 
 

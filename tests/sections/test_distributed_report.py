@@ -18,7 +18,8 @@ from cs336_systems.records import write_json_atomic
 from cs336_systems.report.coverage import PROBLEM_KEYS
 from cs336_systems.report.facts import jsonable
 from cs336_systems.report.render import fmt_ratio
-from cs336_systems.sections.distributed.report import build, fit_latency_bandwidth
+from cs336_systems.sections.distributed.allreduce_table import fit_latency_bandwidth
+from cs336_systems.sections.distributed.report import build
 from support.checkout import ROOT, project_yaml
 from support.sections import section_text
 
@@ -636,7 +637,7 @@ def test_the_sharded_optimizer_states_its_setup(facts, markdown):
 def test_bucketed_a_says_whether_the_bucket_size_mattered_and_where_it_would(facts, markdown):
     """ddp_bucketed_benchmarking (a): the measured waits across bucket sizes against their
     noise, and the overhead model's prediction for a slow link, from the same fit."""
-    from cs336_systems.sections.distributed.report import SLOW_LINK_GBPS, overhead_ms
+    from cs336_systems.sections.distributed.ddp_table import SLOW_LINK_GBPS, overhead_ms
     (size,) = [s for s in facts["overhead"]["sizes"] if s["size"] == "xl"]
     x = size["expectation"]
     waits = [r["measured"]["ms"] for r in size["rows"]]

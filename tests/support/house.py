@@ -147,3 +147,10 @@ def functions_and_classes(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     return {node.name for node in tree.body
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def function_lengths(path: Path) -> list[tuple[str, int, int]]:
+    """(name, first line, lines) of every function and method the module defines."""
+    return [(node.name, node.lineno, node.end_lineno - node.lineno + 1)
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]

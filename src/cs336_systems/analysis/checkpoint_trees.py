@@ -4,13 +4,13 @@ identical blocks, what each keeps and recomputes, and the one that needs the lea
     strategy = left_nested(8)               # (C(C(C(...C(b),b)...),b),): a tree of parts
     simulate(strategy, activations=1, boundary=1)            # Cost(peak=5, compute=...)
     optimal(8, activations=1, boundary=1)   # the least peak over every nested tree (a DP)
-    run_strategy(strategy, blocks)(x)       # the same tree on real modules (torch checkpoint)
 
 A strategy is the top-level sequence of parts; a part is a plain block (`BLOCK`) or a
 `Checkpoint` of a sequence of parts. Costs are in units: `activations` (A) is what one block
 keeps for its backward besides its input, `boundary` (s) one tensor between blocks (a block's
 input or output, or a gradient of one); compute counts block forward evaluations, first pass
-and recomputations together.
+and recomputations together. The checkpointing section's `nested` module runs the same trees on real
+modules with torch's checkpoint (`run_strategy`).
 
 The simulator follows PyTorch's non-reentrant checkpoint (`use_reentrant=False`):
 - forward: a plain block keeps its input and A until its backward; a checkpoint keeps only its
@@ -40,13 +40,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-import torch
-from torch import nn
-from torch.utils.checkpoint import checkpoint
-
-from cs336_systems.measure.memory import peak_window
-
-# --- strategies: trees of blocks and checkpoints ----------------------------------------------
 
 class _Block:
     """A plain block: runs once in forward, keeps its activations for backward."""
@@ -138,8 +131,6 @@ STRATEGIES: dict[str, tuple[str, Callable[[int], Strategy]]] = {
     "left_nested": ("left-nested chain", left_nested),
 }
 
-
-# --- the simulator ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Cost:
@@ -252,8 +243,6 @@ def peak_terms(strategy: Strategy, activations=1, boundary=1, early_stop: bool =
     b = (simulate(strategy, activations, 2 * boundary, early_stop).peak - peak) / boundary
     return (a, b) if math.isclose(a * activations + b * boundary, peak) else None
 
-
-# --- every nested tree, and the least peak over them (a dynamic programme) --------------------
 
 @functools.cache
 def _bodies(n: int) -> tuple[Strategy, ...]:
@@ -431,8 +420,6 @@ def _number(x: Fraction):
     return int(x) if x.denominator == 1 else float(x)
 
 
-# --- growth with N ----------------------------------------------------------------------------
-
 GROWTH: dict[str, Callable[[float], float]] = {
     "1": lambda n: 1.0,
     "log N": math.log2,
@@ -469,70 +456,3 @@ def growth(ns: Sequence[int], values: Sequence[float]) -> dict:
     half = dict(pairs).get(last // 2) if last % 2 == 0 else None
     best["doubling_ratio"] = ys[-1] / half if half else None
     return best
-
-
-# --- the same strategies on real blocks -------------------------------------------------------
-
-def run_strategy(strategy: Strategy, blocks: Sequence[nn.Module]) -> Callable:
-    """x -> the blocks applied in order, each checkpoint of the tree a
-    `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)` around its parts (nesting by
-    wrapping functions)."""
-    if length(strategy) != len(blocks):
-        raise ValueError(f"strategy of {length(strategy)} blocks for {len(blocks)} modules")
-    steps, start = [], 0
-    for part in strategy:
-        n = length(part)
-        if part is BLOCK:
-            steps.append(blocks[start])
-        else:
-            steps.append(functools.partial(checkpoint, run_strategy(part.parts,
-                                                                    blocks[start:start + n]),
-                                           use_reentrant=False))
-        start += n
-
-    def run(x: torch.Tensor) -> torch.Tensor:
-        for step in steps:
-            x = step(x)
-        return x
-    return run
-
-
-def measure_strategy(strategy: Strategy, blocks: Sequence[nn.Module], shape: Sequence[int],
-                     device: torch.device, seed: int = 0) -> dict:
-    """One forward + backward of `strategy` on `blocks` from a fresh random input of `shape`:
-    peak bytes above what was alive before (the input and every activation and gradient made
-    inside; the parameters are not counted, and their gradients are not computed, so the peak
-    is activation memory, as in the simulator), block forward calls (recomputations included),
-    and where the peak was read (`memory.PEAK_SOURCES`)."""
-    calls = [0]
-
-    def count(module, args):
-        calls[0] += 1
-    hooks = [b.register_forward_pre_hook(count) for b in blocks]
-    generator = torch.Generator(device=device).manual_seed(seed)
-    try:
-        with peak_window(device) as reading:
-            x = torch.randn(*shape, device=device, generator=generator, requires_grad=True)
-            y = run_strategy(strategy, blocks)(x)
-            grad = torch.randn(y.shape, device=device, generator=generator)
-            torch.autograd.backward(y, grad, inputs=[x])
-            del x, y, grad
-    finally:
-        for h in hooks:
-            h.remove()
-    return {"peak_bytes": reading.peak_bytes - reading.start_bytes, "block_calls": calls[0],
-            "peak_source": reading.source}
-
-
-def block_units(blocks: Sequence[nn.Module], shape: Sequence[int], device: torch.device
-                ) -> dict[str, int]:
-    """The simulator's units measured on one real block: boundary = bytes of one block input,
-    activations = what a plain block keeps for backward besides its input (bytes alive after
-    its forward, less its input and output)."""
-    with peak_window(device) as reading:
-        x = torch.randn(*shape, device=device, requires_grad=True)
-        y = blocks[0](x)
-        boundary = x.numel() * x.element_size()
-        alive = reading.current_bytes() - reading.start_bytes
-        del x, y
-    return {"boundary": boundary, "activations": alive - 2 * boundary}

@@ -16,8 +16,8 @@ A pass is compute-bound while its communication, overlapped with its compute, ta
 than the compute: T_comm <= T_compute. "The largest N" of a strategy is the largest device
 count for which that holds: the root of T_comm = T_compute, solved by sympy, rounded down.
 
-The parts, in order: the symbols; the ring collectives (their times, and simulations over N
-simulated devices that count the bytes each device sends per step); the FFN's equations as
+The parts, in order: the symbols; the ring collectives' times (`ring_collectives` simulates
+them over n devices, counting the bytes each device sends per step); the FFN's equations as
 sympy matrix expressions (their FLOPs read off the shapes; the same expressions evaluated on
 tensors, which checks the tensor-parallel backward against autograd); the strategies (data
 parallel, FSDP, tensor parallel, FSDP x TP), each a set of sympy expressions; and the integer
@@ -32,7 +32,6 @@ import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import sympy as sp
 import torch
 from sympy.matrices.expressions import (
@@ -48,8 +47,6 @@ from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 from torch.utils.flop_counter import FlopCounterMode
 
-# --- the symbols, each defined once -----------------------------------------------------------
-
 B = sp.Symbol("B", positive=True)            # tokens in the batch the devices share (rows of X)
 D = sp.Symbol("D", positive=True)            # d_model
 F = sp.Symbol("F", positive=True)            # d_ff
@@ -63,8 +60,6 @@ S = sp.Symbol("S", positive=True)            # bytes of the tensor a collective 
 VALUE_BYTES = 2                              # fp16 weights, activations and gradients
 FFN_WEIGHTS = 3                              # W1, W2 and W3, D x F values each
 
-
-# --- ring collectives: times --------------------------------------------------------------------
 
 def all_gather_time(size, n):
     """Ring all-gather of `size` bytes in all over `n` devices: n-1 steps, in each every device
@@ -90,76 +85,6 @@ def alternate_all_reduce_time(size, n):
     because nothing is split into shards."""
     return (n - 1) * size / W
 
-
-# --- ring collectives: simulated ----------------------------------------------------------------
-# Device i sends to device i+1 and receives from device i-1 (mod n). A simulation returns each
-# device's result and sent[t][i], the bytes device i sends in step t. Every link runs at once,
-# so a step lasts as long as its largest send: simulated_time.
-
-Sent = list[list[int]]
-
-
-def simulated_time(sent: Sent, egress_bytes_per_s: float) -> float:
-    """Seconds for the steps of `sent`: each step ends when its largest send has gone."""
-    return sum(max(step) for step in sent) / egress_bytes_per_s
-
-
-def simulate_reduce_scatter(chunks: list[list[np.ndarray]]) -> tuple[list[list[np.ndarray]], Sent]:
-    """Ring reduce-scatter of chunks[i][c], device i's chunk c (n chunks per device). In step t
-    device i sends its chunk (i-t) mod n; the receiver adds it to its own. After n-1 steps device
-    i holds the sum over devices of chunk (i+1) mod n (its other chunks are partial sums)."""
-    n = len(chunks)
-    chunks = [[c.copy() for c in device] for device in chunks]
-    sent = []
-    for t in range(n - 1):
-        outgoing = [chunks[i][(i - t) % n].copy() for i in range(n)]
-        for i in range(n):
-            chunks[i][(i - 1 - t) % n] += outgoing[i - 1]
-        sent.append([o.nbytes for o in outgoing])
-    return chunks, sent
-
-
-def simulate_all_gather(chunks: list[list[np.ndarray]]) -> tuple[list[list[np.ndarray]], Sent]:
-    """Ring all-gather where device i starts with the complete chunk (i+1) mod n (as a
-    reduce-scatter leaves it). In step t device i sends chunk (i+1-t) mod n, the one it
-    received last; the receiver stores it. After n-1 steps every device has every chunk."""
-    n = len(chunks)
-    chunks = [[c.copy() for c in device] for device in chunks]
-    sent = []
-    for t in range(n - 1):
-        outgoing = [chunks[i][(i + 1 - t) % n].copy() for i in range(n)]
-        for i in range(n):
-            chunks[i][(i - t) % n] = outgoing[i - 1]
-        sent.append([o.nbytes for o in outgoing])
-    return chunks, sent
-
-
-def simulate_ring_all_reduce(tensors: Sequence[np.ndarray]) -> tuple[list[np.ndarray], Sent]:
-    """The ring all-reduce of one tensor per device: split each into n chunks, reduce-scatter,
-    all-gather. 2(n-1) steps of size/n bytes per device."""
-    n = len(tensors)
-    reduced, sent_rs = simulate_reduce_scatter([np.array_split(t, n) for t in tensors])
-    gathered, sent_ag = simulate_all_gather(reduced)
-    return [np.concatenate(device) for device in gathered], sent_rs + sent_ag
-
-
-def simulate_alternate_all_reduce(tensors: Sequence[np.ndarray]) -> tuple[list[np.ndarray], Sent]:
-    """alternate_ring_all_reduce: in step t (1 to n-1) device i sends x[(i-t+1) mod n], which is
-    its own tensor at t = 1 and the one it received in step t-1 after that; it receives
-    x[(i-t) mod n] from device i-1 and adds it to its sum. n-1 steps of `size` bytes."""
-    n = len(tensors)
-    sums = [t.copy() for t in tensors]
-    holding = [t.copy() for t in tensors]     # holding[i] = x[(i-t+1) mod n] before step t
-    sent = []
-    for _ in range(1, n):
-        outgoing, holding = holding, [holding[i - 1] for i in range(n)]
-        for i in range(n):
-            sums[i] += holding[i]
-        sent.append([o.nbytes for o in outgoing])
-    return sums, sent
-
-
-# --- the FFN's equations, as sympy matrix expressions ------------------------------------------
 
 silu = sp.Function("silu")
 silu_prime = sp.Function("silu'")        # d silu(a) / da = sigmoid(a) (1 + a (1 - sigmoid(a)))
@@ -287,8 +212,6 @@ def equation_lines(equations: Sequence[Equation]) -> list[str]:
     return [f"{formula(lhs)} = {formula(rhs)}" for lhs, rhs in equations]
 
 
-# --- the FFN on tensors: autograd's FLOPs and gradients, for the checks ----------------------
-
 def ffn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
     """The FFN written the ordinary way: autograd differentiates this one."""
     return (torch.nn.functional.silu(x @ w1) * (x @ w2)) @ w3
@@ -336,8 +259,6 @@ def autograd_gradients(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     y.backward(t["dY"])
     return {"Y": y.detach(), **{f"d{k}": v.grad for k, v in leaves.items()}}
 
-
-# --- the strategies ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Pass:
@@ -431,8 +352,6 @@ def fsdp_tp() -> Grid:
                 fsdp_time=all_gather_time(weight_bytes() / N_TP, N_FSDP),
                 tp_time=all_reduce_time(activation_bytes(B / N_FSDP), N_TP))
 
-
-# --- solving for device counts ----------------------------------------------------------------
 
 @functools.cache
 def break_even(comm_time: sp.Expr, compute_time: sp.Expr, n: sp.Symbol) -> sp.Expr:

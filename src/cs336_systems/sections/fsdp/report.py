@@ -109,6 +109,51 @@ def gather_figure(frame: pd.DataFrame, path: str) -> str:
     return path
 
 
+def _accounting(ok: pd.DataFrame, shape: dict, peak) -> dict:
+    """fsdp_accounting: what our FSDP shards and keeps whole, the peaks the accounting expects
+    and what the runs measured (`peak(variant)`: a variant's largest peak over ranks)."""
+    row = ok.loc[OURS]
+    expected = expected_peaks(shape["size"], int(shape["batch_size"]),
+                              int(shape["context_length"]), int(shape["world_size"]),
+                              float(row["sharded_bytes"]), float(row["replicated_bytes"]),
+                              row.get("optimizer") if isinstance(row.get("optimizer"), str)
+                              else "adamw")  # records from before the choice: AdamW
+    total = float(row["sharded_bytes"] + row["replicated_bytes"])
+    measured = {other: peak(other) - peak(OURS) if peak(other) and peak(OURS) else None
+                for other in (UNSHARDED, REFERENCE)}
+    return {
+        "sharded_gib": row["sharded_bytes"] / GIB, "replicated_gib": row["replicated_bytes"] / GIB,
+        "sharded_fraction": row["sharded_bytes"] / total, "sharded_weights": row["sharded_weights"],
+        "largest_sharded_gib": row["largest_sharded_bytes"] / GIB,
+        "expected": expected, "measured_saving_gib": measured[UNSHARDED],
+        "saving_ratio": (measured[UNSHARDED] / expected["saving_gib"]
+                         if measured[UNSHARDED] is not None and expected["saving_gib"] else None),
+        "model_error_gib": (peak(OURS) - expected["sharded_gib"]) if peak(OURS) else None,
+        "unsharded_model_error_gib": (peak(UNSHARDED) - expected["unsharded_gib"]
+                                      if peak(UNSHARDED) else None)}
+
+
+WORST_COLUMNS = ["use", "layer", "gather_start_us", "gather_end_us", "ready_us", "wait_us"]
+
+
+def _gather_timing(row: pd.Series, gathers: pd.DataFrame) -> dict:
+    """When each all-gather of our FSDP's profiled step finished against when its layer needed
+    it (`row`: our run's record)."""
+    forward_ms = facts.number(row["forward_ms_mean"])
+    waited = gathers[~gathers["hidden"]].sort_values("wait_us", ascending=False)
+    return {"uses": int(row["gather_uses_per_step"]), "hidden": int(row["gathers_hidden"]),
+            "profiled": int(row["gathers_profiled"]),
+            "all_hidden": bool(row["gathers_hidden"] == row["gathers_profiled"]),
+            "wait_ms_per_step": row["gather_wait_ms_per_step"],
+            "wait_ms_max": row["gather_wait_ms_max"], "forward_ms": forward_ms,
+            "wait_share": row["gather_wait_ms_per_step"] / forward_ms if forward_ms else None,
+            "step_hidden": int(gathers["hidden"].sum()), "step_uses": len(gathers),
+            "first_layer": gathers["layer"].iloc[0],
+            "first_hidden": bool(gathers["hidden"].iloc[0]),
+            "worst": tables.to_markdown(waited.head(5)[WORST_COLUMNS]) if not waited.empty
+            else ""}
+
+
 def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str]) -> dict:
     frame = tables.ensure_columns(tables.records_frame(records["records"]),
                                   METRICS + ["bucket_size_mb"])
@@ -140,49 +185,13 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
             "peak_ratio": ours_peak / other_peak if ours_peak and other_peak else None}
 
     shape = {key: frame[key].iloc[0] for key in SHAPE_KEYS} if not frame.empty else {}
-    accounting = None
-    if OURS in ok.index:
-        row = ok.loc[OURS]
-        expected = expected_peaks(shape["size"], int(shape["batch_size"]),
-                                  int(shape["context_length"]), int(shape["world_size"]),
-                                  float(row["sharded_bytes"]), float(row["replicated_bytes"]),
-                                  row.get("optimizer") if isinstance(row.get("optimizer"), str)
-                                  else "adamw")  # records from before the choice: AdamW
-        total = float(row["sharded_bytes"] + row["replicated_bytes"])
-        measured = {other: peak(other) - peak(OURS) if peak(other) and peak(OURS) else None
-                    for other in (UNSHARDED, REFERENCE)}
-        accounting = {
-            "sharded_gib": row["sharded_bytes"] / GIB, "replicated_gib": row["replicated_bytes"] / GIB,
-            "sharded_fraction": row["sharded_bytes"] / total, "sharded_weights": row["sharded_weights"],
-            "largest_sharded_gib": row["largest_sharded_bytes"] / GIB,
-            "expected": expected, "measured_saving_gib": measured[UNSHARDED],
-            "saving_ratio": (measured[UNSHARDED] / expected["saving_gib"]
-                             if measured[UNSHARDED] is not None and expected["saving_gib"] else None),
-            "model_error_gib": (peak(OURS) - expected["sharded_gib"]) if peak(OURS) else None,
-            "unsharded_model_error_gib": (peak(UNSHARDED) - expected["unsharded_gib"]
-                                          if peak(UNSHARDED) else None)}
+    accounting = _accounting(ok, shape, peak) if OURS in ok.index else None
 
     rows = full.get(OURS, {}).get("metrics", {}).get("gather_timing", [])
     gathers = gather_frame(rows)
     tables.write_table(gathers, outputs["gather_table"])
     gather_figure(gathers, outputs["gather_figure"])
-    timing = None
-    if not gathers.empty:
-        row = ok.loc[OURS]
-        forward_ms = facts.number(row["forward_ms_mean"])
-        waited = gathers[~gathers["hidden"]].sort_values("wait_us", ascending=False)
-        timing = {"uses": int(row["gather_uses_per_step"]), "hidden": int(row["gathers_hidden"]),
-                  "profiled": int(row["gathers_profiled"]),
-                  "all_hidden": bool(row["gathers_hidden"] == row["gathers_profiled"]),
-                  "wait_ms_per_step": row["gather_wait_ms_per_step"],
-                  "wait_ms_max": row["gather_wait_ms_max"], "forward_ms": forward_ms,
-                  "wait_share": row["gather_wait_ms_per_step"] / forward_ms if forward_ms else None,
-                  "step_hidden": int(gathers["hidden"].sum()), "step_uses": len(gathers),
-                  "first_layer": gathers["layer"].iloc[0],
-                  "first_hidden": bool(gathers["hidden"].iloc[0]),
-                  "worst": tables.to_markdown(waited.head(5)[["use", "layer", "gather_start_us",
-                                                       "gather_end_us", "ready_us", "wait_us"]])
-                  if not waited.empty else ""}
+    timing = _gather_timing(ok.loc[OURS], gathers) if not gathers.empty else None
 
     assignment = options.get("assignment", {})
     departs = [f"{key} {size_label(shape.get(key))} (the assignment's "
@@ -205,10 +214,10 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         "env": tables.env_summary(frame),
         "coverage": {
             "fsdp": facts.covered(frame, missing=missing, anchor="fsdp",
-                            how="also by the FSDP class's gloo tests "
-                                "(tests/distributed/test_fsdp.py)"),
-            "fsdp_accounting": facts.covered(ours,
-                                             missing="; ".join(filter(None, [missing, no_timing])),
-                                       anchor="fsdp_accounting"),
+                                  how="also by the FSDP class's gloo tests "
+                                      "(tests/distributed/test_fsdp.py)"),
+            "fsdp_accounting": facts.covered(
+                ours, missing="; ".join(filter(None, [missing, no_timing])),
+                anchor="fsdp_accounting"),
         },
     }

@@ -233,6 +233,51 @@ def shape_facts(frame: pd.DataFrame, assignment: dict) -> dict:
             "leaderboard_shape": assignment["shape"]}
 
 
+def _against(ok: pd.DataFrame, fastest: str, stock: str, proxy: bool,
+             has_target_ms: bool) -> dict:
+    """Our fastest step against the matrix's fastest stock step, and the targets."""
+    stock_ms = ok.loc[stock, "step_ms_median"]
+    ratio = ok.loc[fastest, "step_ms_median"] / stock_ms
+    every_lever = None
+    if OURS in ok.index and fastest != OURS:
+        every_lever = {"ms": facts.number(ok.loc[OURS, "step_ms_median"]),
+                       "ratio": facts.number(ok.loc[OURS, "step_ms_median"] / stock_ms)}
+    others = [{"name": STOCK_NAMES[v], "ms": facts.number(ok.loc[v, "step_ms_median"])}
+              for v in ok.index if VARIANTS[v].stock and v != stock]
+    return {"ratio": facts.number(ratio),
+            "speedup": _step_speedup(ok.loc[fastest], ok.loc[stock]),
+            "every_lever": every_lever,
+            "stock": stock, "stock_name": STOCK_NAMES[stock], "other_stocks": others,
+            "stock_ms": facts.number(stock_ms),
+            "stock_tflops": facts.number(ok.loc[stock, "per_gpu_tflops"]),
+            "stock_peak_gib": facts.number(ok.loc[stock, "peak_gib"]),
+            # the 0.75x target is the proxy's; the full shape's is its time
+            "target": TARGET_RATIO if proxy else None,
+            "meets_target": bool(ratio <= TARGET_RATIO) if proxy else None,
+            "target_ms": TARGET_MS if has_target_ms else None,
+            "meets_target_ms": bool(ok.loc[fastest, "step_ms_median"] <= TARGET_MS)
+            if has_target_ms else None,
+            "lower_peak": bool(ok.loc[fastest, "peak_gib"] < ok.loc[stock, "peak_gib"])}
+
+
+def _best(ok: pd.DataFrame, fastest: str, ours_side: pd.DataFrame, ceiling: float | None,
+          proxy: bool) -> dict:
+    """Our fastest step: its time, rate, share of the matmul ceiling and distance to the floor."""
+    row = ok.loc[fastest]
+    floor_ms = row["model_flops"] / row["world_size"] / (ceiling * 1e12) * 1e3 \
+        if ceiling else None
+    return {"variant": fastest, "label": variant_label(fastest),
+            "ms": facts.number(row["step_ms_median"]),
+            "tflops": facts.number(row["per_gpu_tflops"]),
+            "ceiling_share": facts.number(row["per_gpu_tflops"] / ceiling) if ceiling else None,
+            "peak_gib": facts.number(row["peak_gib"]), "floor_ms": facts.number(floor_ms),
+            "over_floor": facts.number(row["step_ms_median"] / floor_ms) if floor_ms else None,
+            "model_flops": facts.number(row["model_flops"]),
+            "is_ours": fastest == OURS,
+            "runner_up": _runner_up(ours_side, fastest),
+            "class_best": None if proxy else {"ms": CLASS_BEST_MS}}
+
+
 def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
     """The facts of one job matrix's records (`frame`, not empty)."""
     shape = shape_facts(frame, assignment)
@@ -248,46 +293,11 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
     sized = next((m for m in assignment["matrices"] if m["name"] == name), {})
     has_target_ms = not shape["proxy"] and not sized.get("fits_gib") and bool(env["gpu"]) \
         and all(TARGET_GPU in gpu for gpu in env["gpu"])
-    against = None
     stocks = frame[[VARIANTS[v].stock for v in frame["variant"]]]
     stock_oom = stock is None and bool((stocks["status"] == "oom").any())
-    if fastest is not None and stock is not None:
-        stock_ms = ok.loc[stock, "step_ms_median"]
-        ratio = ok.loc[fastest, "step_ms_median"] / stock_ms
-        every_lever = None
-        if OURS in ok.index and fastest != OURS:
-            every_lever = {"ms": facts.number(ok.loc[OURS, "step_ms_median"]),
-                           "ratio": facts.number(ok.loc[OURS, "step_ms_median"] / stock_ms)}
-        others = [{"name": STOCK_NAMES[v], "ms": facts.number(ok.loc[v, "step_ms_median"])}
-                  for v in stock_side.index if v != stock]
-        against = {"ratio": facts.number(ratio), "speedup": _step_speedup(ok.loc[fastest],
-                                                                    ok.loc[stock]),
-                   "every_lever": every_lever,
-                   "stock": stock, "stock_name": STOCK_NAMES[stock], "other_stocks": others,
-                   "stock_ms": facts.number(stock_ms),
-                   "stock_tflops": facts.number(ok.loc[stock, "per_gpu_tflops"]),
-                   "stock_peak_gib": facts.number(ok.loc[stock, "peak_gib"]),
-                   # the 0.75x target is the proxy's; the full shape's is its time
-                   "target": TARGET_RATIO if shape["proxy"] else None,
-                   "meets_target": bool(ratio <= TARGET_RATIO) if shape["proxy"] else None,
-                   "target_ms": TARGET_MS if has_target_ms else None,
-                   "meets_target_ms": bool(ok.loc[fastest, "step_ms_median"] <= TARGET_MS)
-                   if has_target_ms else None,
-                   "lower_peak": bool(ok.loc[fastest, "peak_gib"] < ok.loc[stock, "peak_gib"])}
-    best = None
-    if fastest is not None:
-        row = ok.loc[fastest]
-        floor_ms = row["model_flops"] / row["world_size"] / (ceiling * 1e12) * 1e3 \
-            if ceiling else None
-        best = {"variant": fastest, "label": variant_label(fastest),
-                "ms": facts.number(row["step_ms_median"]), "tflops": facts.number(row["per_gpu_tflops"]),
-                "ceiling_share": facts.number(row["per_gpu_tflops"] / ceiling) if ceiling else None,
-                "peak_gib": facts.number(row["peak_gib"]), "floor_ms": facts.number(floor_ms),
-                "over_floor": facts.number(row["step_ms_median"] / floor_ms) if floor_ms else None,
-                "model_flops": facts.number(row["model_flops"]),
-                "is_ours": fastest == OURS,
-                "runner_up": _runner_up(ours_side, fastest),
-                "class_best": None if shape["proxy"] else {"ms": CLASS_BEST_MS}}
+    against = (_against(ok, fastest, stock, shape["proxy"], has_target_ms)
+               if fastest is not None and stock is not None else None)
+    best = _best(ok, fastest, ours_side, ceiling, shape["proxy"]) if fastest is not None else None
     # what a lever bought needs ours with every lever on: where that ran out of memory, the
     # matrix says so instead
     every_lever_oom = bool((frame.loc[frame["variant"] == OURS, "status"] == "oom").any())

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from cs336_systems.analysis import parallelism as par
+from cs336_systems.analysis import ring_collectives as ring
 
 COLLECTIVES = ("ring reduce-scatter", "ring all-gather", "ring all-reduce",
                "alternate all-reduce")
@@ -18,11 +19,11 @@ def _ring_inputs(n: int, chunk_elements: int, rng: np.random.Generator) -> list[
     return [rng.integers(-100, 100, n * chunk_elements).astype(np.float64) for _ in range(n)]
 
 
-def _simulate(name: str, tensors: list[np.ndarray]) -> tuple[float, par.Sent]:
+def _simulate(name: str, tensors: list[np.ndarray]) -> tuple[float, ring.Sent]:
     """Run one collective; returns the largest error of any device's result, and the sends."""
     n, total = len(tensors), np.sum(tensors, axis=0)
     if name == "ring reduce-scatter":
-        chunks, sent = par.simulate_reduce_scatter([np.array_split(t, n) for t in tensors])
+        chunks, sent = ring.simulate_reduce_scatter([np.array_split(t, n) for t in tensors])
         expected = np.array_split(total, n)
         error = max(np.abs(chunks[i][(i + 1) % n] - expected[(i + 1) % n]).max()
                     for i in range(n))
@@ -32,12 +33,12 @@ def _simulate(name: str, tensors: list[np.ndarray]) -> tuple[float, par.Sent]:
         expected = np.array_split(total, n)
         start = [[expected[c] if c == (i + 1) % n else np.zeros_like(expected[c])
                   for c in range(n)] for i in range(n)]
-        gathered, sent = par.simulate_all_gather(start)
+        gathered, sent = ring.simulate_all_gather(start)
         results = [np.concatenate(device) for device in gathered]
     elif name == "ring all-reduce":
-        results, sent = par.simulate_ring_all_reduce(tensors)
+        results, sent = ring.simulate_ring_all_reduce(tensors)
     else:
-        results, sent = par.simulate_alternate_all_reduce(tensors)
+        results, sent = ring.simulate_alternate_all_reduce(tensors)
     return float(max(np.abs(r - total).max() for r in results)), sent
 
 
@@ -59,7 +60,7 @@ def collective_checks(ring_devices: list[int], chunk_elements: int) -> list[dict
                 "collective": name, "devices": n, "bytes": size, "steps": len(sent),
                 "bytes_sent_per_device": max(sum(step[i] for step in sent) for i in range(n)),
                 # in units of S / W: the time at W = 1 byte/s over S
-                "simulated_time_s_per_w": par.simulated_time(sent, 1.0) / size,
+                "simulated_time_s_per_w": ring.simulated_time(sent, 1.0) / size,
                 "formula_time_s_per_w": par.value(_formula_time(name), {par.S: 1, par.N: n,
                                                                         par.W: 1}),
                 "max_abs_error": error})
