@@ -106,7 +106,7 @@ def test_torchrun_start_still_records_the_same_job(tmp_path, monkeypatch):
         monkeypatch.setenv(torchrun.RANKS_ENV, start)
         out = tmp_path / f"{start}.json"
         time_allreduce.main(["--backend", "gloo", "--size-mb", "1", "--world-size", "2",
-                             "--warmup", "1", "--iterations", "2", "--output", str(out)])
+                             "--warmup-steps", "1", "--measure-steps", "2", "--output", str(out)])
         records[start] = _record(out)
     for start, record in records.items():
         assert record["status"] == "ok", (start, record.get("message"))

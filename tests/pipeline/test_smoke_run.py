@@ -240,7 +240,7 @@ def test_editing_the_triton_kernel_redoes_only_the_triton_flash_jobs(smoke_run):
     from cs336_systems.sections.leaderboard.runs import VARIANTS as LEADERBOARD_VARIANTS
 
     config = _smoke_preset(smoke_run)["flash"]
-    triton_jobs = len(config["seq_lengths"]) * len(config["d_heads"]) * len(config["dtypes"])
+    triton_jobs = len(config["seq_lengths"]) * len(config["d_heads"]) * len(config["precisions"])
     with _edited(smoke_run / "src/cs336_systems/kernels/flash_triton.py"):
         # the attention section reads the flash table (its measured memory): re-rendered too;
         # every speed group and every kernel profile times our kernels,

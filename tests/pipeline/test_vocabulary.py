@@ -91,7 +91,7 @@ def _choices(module, dest: str) -> list[str]:
     (profile, "attention", list(ATTENTION_IMPLEMENTATIONS)),
     (mixed_precision, "precision", list(PRECISIONS)),
     (flash, "attention", list(ATTENTION_IMPLEMENTATIONS)),
-    (flash, "dtype", list(PRECISIONS)),
+    (flash, "precision", list(PRECISIONS)),
     (ddp, "variant", list(DDP_VARIANTS)),
     (ddp, "backend", list(BACKENDS)),
     (allreduce, "backend", list(BACKENDS)),

@@ -34,8 +34,8 @@ def test_memory_model_grows_with_the_square_of_the_sequence():
 
 def _run(tmp_path, *args):
     out = tmp_path / "r.json"
-    experiment.main(["--d", "16", "--seq", "32", "--batch-size", "2", "--warmup", "1",
-                     "--iterations", "3", "--device", "cpu", "--output", str(out), *args])
+    experiment.main(["--d", "16", "--seq", "32", "--batch-size", "2", "--warmup-steps", "1",
+                     "--measure-steps", "3", "--device", "cpu", "--output", str(out), *args])
     return json.loads(out.read_text())
 
 
@@ -72,6 +72,6 @@ def test_an_out_of_memory_in_backward_keeps_the_forward_timings(tmp_path, monkey
 
 def test_compiling_without_warmup_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        experiment.main(["--d", "16", "--seq", "32", "--compile", "--warmup", "0",
+        experiment.main(["--d", "16", "--seq", "32", "--compile", "--warmup-steps", "0",
                          "--output", str(tmp_path / "r.json")])
-    assert "--compile needs --warmup of at least 1" in capsys.readouterr().err
+    assert "--compile needs --warmup-steps of at least 1" in capsys.readouterr().err

@@ -132,7 +132,7 @@ def test_the_whole_model_comparison_uses_the_same_job_matrix(facts):
 
 
 def test_flash_memory_comes_from_the_flash_records(facts):
-    row = next(r for r in facts["flash_memory"]["rows"] if (r["d"], r["dtype"]) == (64, "bf16"))
+    row = next(r for r in facts["flash_memory"]["rows"] if (r["d"], r["precision"]) == (64, "bf16"))
     ours = _metrics("flash/flash-triton_seq16384_d64_bf16.json")["peak_gib"]
     eager = _metrics("flash/eager_seq16384_d64_bf16.json")["peak_gib"]
     baseline = _metrics("flash/flash-triton_seq256_d64_bf16.json")["peak_gib"]

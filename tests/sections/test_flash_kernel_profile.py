@@ -65,7 +65,7 @@ def _write(tmp_path: Path, ours_bwd=(2.4, 3.6), atomic_key=6.0, cudnn=(1.7, 4.6)
         variants = [x if x["variant"] != v else {"variant": v, "status": "skipped",
                                                   "message": "no cuDNN here"} for x in variants]
     record = {"section": "flash_kernels", "status": status, "env": GPU_ENV,
-              "config": {"shape": [int(x) for x in shape.split("x")], "dtype": "bf16",
+              "config": {"shape": [int(x) for x in shape.split("x")], "precision": "bf16",
                          "causal": True, "steps": 3, "seed": 0},
               "metrics": {"kernels": kernels, "variants": variants, "binaries": BINARIES,
                           "unit_tflop": UNIT_TFLOP, "needed_units": kernel_variants.NEEDED}
@@ -115,7 +115,7 @@ def test_occupancy_names_what_limits_the_programs_on_a_multiprocessor():
 
 def test_the_job_records_skipped_on_a_cpu(tmp_path):
     out = tmp_path / "r.json"
-    kernel_profile.main(["--shape", "1x32x16", "--dtype", "fp32", "--device", "cpu",
+    kernel_profile.main(["--shape", "1x32x16", "--precision", "fp32", "--device", "cpu",
                          "--output", str(out)])
     record = read_record(out)
     assert record["status"] == "skipped" and "GPU kernels" in record["message"]

@@ -50,7 +50,7 @@ def _records(paths: list[str]) -> list[dict]:
 
 def _times(records: list[dict], impl: str, metric: str) -> dict[tuple, float]:
     """(d, dtype, seq) -> metric of `impl`, for the records that have it."""
-    return {(r["config"]["d"], r["config"]["dtype"], r["config"]["seq"]): r["metrics"][metric]
+    return {(r["config"]["d"], r["config"]["precision"], r["config"]["seq"]): r["metrics"][metric]
             for r in records if r["config"]["attention"] == impl and metric in r["metrics"]}
 
 
@@ -75,8 +75,8 @@ def test_speedup_summary_matches_per_shape_ratios(reference, over):
     assert s["median"] == pytest.approx(statistics.median(ratios.values()), rel=1e-12)
     lo, hi = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
     assert s["min"] == pytest.approx(ratios[lo]) and s["max"] == pytest.approx(ratios[hi])
-    assert (s["min_at"]["d"], s["min_at"]["dtype"], s["min_at"]["seq"]) == lo
-    assert (s["max_at"]["d"], s["max_at"]["dtype"], s["max_at"]["seq"]) == hi
+    assert (s["min_at"]["d"], s["min_at"]["precision"], s["min_at"]["seq"]) == lo
+    assert (s["max_at"]["d"], s["max_at"]["precision"], s["max_at"]["seq"]) == hi
     assert s["faster_shapes"] == sum(r > 1 for r in ratios.values())
     median = statistics.median(ratios.values())
     assert s["median_verdict"]["word"] == ("faster" if median > 1 else "slower")
@@ -106,7 +106,7 @@ def test_counts_and_run_facts(reference):
     series = {}
     for r in records:
         c = r["config"]
-        series.setdefault((c["attention"], c["d"], c["dtype"]), []).append(
+        series.setdefault((c["attention"], c["d"], c["precision"]), []).append(
             (c["seq"], r["metrics"]["forward_backward_ms"]))
     bound = sum(any(s2 ** 2 >= 4 * s ** 2 and t2 <= 1.5 * t for s2, t2 in cells)
                 for cells in series.values() for s, t in cells)
@@ -127,7 +127,7 @@ def test_leaderboard_facts_match_the_two_records(reference):
     assert board["vs_sdpa"]["word"] == ("faster" if ratio > 1 else "slower")
     assert board["vs_sdpa"]["within_spread"] is None  # medians only: no significance claimed
     assert board["is_assignment_shape"] is True
-    assert board["shape"] == {"batch_size": 16, "seq": 16384, "d": 64, "dtype": "bf16",
+    assert board["shape"] == {"batch_size": 16, "seq": 16384, "d": 64, "precision": "bf16",
                               "causal": True, "compile": True}
     assert board["class_best_ms"] == 5.364
     assert board["vs_class_best"]["ratio"] == pytest.approx(5.364 / by_impl["flash-triton"])
@@ -152,7 +152,7 @@ def test_coverage_of_the_reference_run(reference):
     assert cov["flash_benchmarking"]["status"] == "partly answered"
     for key, values in absent.items():
         assert f"{key} {', '.join(map(str, values))}" in cov["flash_benchmarking"]["note"]
-    assert "dtype" not in cov["flash_benchmarking"]["note"]
+    assert "precision" not in cov["flash_benchmarking"]["note"]
     assert cov["leaderboard (2025)"]["status"] == "answered"
 
 
@@ -198,7 +198,7 @@ def _write(tmp_path: Path, impl: str, seq: int, status: str = "ok", metrics=None
            message: str = "", d: int = 16, dtype: str = "fp32", folder: str = "flash",
            **config) -> str:
     record = {"section": "flash", "status": status, "metrics": metrics or {}, "env": CPU_ENV,
-              "config": {"attention": impl, "seq": seq, "d": d, "dtype": dtype, "batch_size": 1,
+              "config": {"attention": impl, "seq": seq, "d": d, "precision": dtype, "batch_size": 1,
                          "causal": True, "compile": False, "seed": 0, **config}}
     if message:
         record["message"] = message
@@ -248,7 +248,7 @@ def test_skipped_and_oom_configurations(tmp_path):
     assert facts["errors"] == {"count": 1, "reasons": ["ZeroDivisionError: boom"]}
     # eager d 16 fp32 ran out of memory from seq 32 (two passes there, the whole run at 64)
     assert facts["oom"] == [{"attention": "eager", "label": "plain PyTorch", "d": 16,
-                             "dtype": "fp32",
+                             "precision": "fp32",
                              "from_seq": 32, "configurations": 2,
                              "passes": ["forward", "backward", "forward_backward"]}]
     # forward+backward exists for both at seq 16 only: 6 / 3; forward at 16 and 32: 2/1, 3/1
@@ -284,16 +284,16 @@ def test_the_assignment_matrix_comes_from_the_options(tmp_path):
     board = [_write(tmp_path, "flash-triton", 16, folder="board", compile=True,
                     metrics=_timed(1.0, 2.0))]
     matrix = {**ASSIGNMENT, "attention": ["flash-triton", "eager"], "seq_lengths": [16],
-              "d_heads": [16], "dtypes": ["fp32"],
+              "d_heads": [16], "precisions": ["fp32"],
               "leaderboard": {"attention": ["flash-triton"], "batch_size": 1, "seq": 16,
-                              "d": 16, "dtype": "fp32"}}
+                              "d": 16, "precision": "fp32"}}
     facts = _build(tmp_path, records, board, matrix)
     assert facts["coverage"]["flash_benchmarking"] == {
         "status": "answered", "note": "", "anchor": "flash_benchmarking"}
     assert facts["coverage"]["leaderboard (2025)"]["status"] == "answered"
     assert facts["leaderboard"]["is_assignment_shape"] is True
     assert facts["leaderboard"]["assignment_shape"] == {"batch_size": 1, "seq": 16, "d": 16,
-                                                        "dtype": "fp32"}
+                                                        "precision": "fp32"}
     # against the config's own matrix the same records leave most of it out
     facts = _build(tmp_path, records, board)
     note = facts["coverage"]["flash_benchmarking"]["note"]
@@ -362,7 +362,7 @@ def test_the_leaderboard_names_the_backend_sdpa_chose_where_its_record_does(tmp_
 def test_an_sdpa_record_names_the_backend_its_dispatch_chose(tmp_path):
     from cs336_systems.sections.flash import time_flash
     out = tmp_path / "r.json"
-    time_flash.main(["--attention", "sdpa", "--seq", "16", "--d", "8", "--dtype", "fp32",
+    time_flash.main(["--attention", "sdpa", "--seq", "16", "--d", "8", "--precision", "fp32",
                      "--device", "cpu", "--output", str(out)])
     record = json.loads(out.read_text())
     assert record["status"] == "ok"

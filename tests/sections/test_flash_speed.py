@@ -63,7 +63,7 @@ def test_group_shapes_come_from_the_preset(preset):
     assert {s[:2] for s in forward.shapes} == {(lb["batch_size"], lb["seq"])}
     for group, low in (("sdpa_flash_sweep", 4096), ("pytorch_sweep", 1024)):
         case = group_case(group, config)
-        assert case.dtype == "bf16" and case.causal == config["causal"]
+        assert case.precision == "bf16" and case.causal == config["causal"]
         assert sorted(case.shapes) == sorted((config["batch_size"], s, d) for s in sweep
                                              if s >= low for d in config["d_heads"])
     assert group_case("longest", config).shapes == tuple(
@@ -102,14 +102,14 @@ def test_targets_compare_as_the_issue_states():
 
 def test_the_job_records_skipped_on_a_cpu(tmp_path):
     out = tmp_path / "r.json"
-    record = time_targets.main(["--group", "leaderboard", "--shapes", "2x32x16", "--dtype",
+    record = time_targets.main(["--group", "leaderboard", "--shapes", "2x32x16", "--precision",
                                "fp32", "--device", "cpu", "--output", str(out)])
     assert record["status"] == "skipped" and "CPU" in record["message"]
     assert json.loads(out.read_text())["config"]["shapes"] == [[2, 32, 16]]
 
 
 def test_a_group_without_shapes_records_skipped():
-    config = {"group": "pytorch_sweep", "shapes": [], "dtype": "bf16", "causal": True,
+    config = {"group": "pytorch_sweep", "shapes": [], "precision": "bf16", "causal": True,
               "rounds": 2, "seed": 0}
     with pytest.raises(speed.Skip, match="no shape of this preset's flash sweep"):
         speed.measure(config, torch.device("cuda"))  # checked before any CUDA call
@@ -117,14 +117,14 @@ def test_a_group_without_shapes_records_skipped():
 
 def test_bad_shapes_are_refused(tmp_path):
     with pytest.raises(SystemExit):
-        time_targets.main(["--group", "forward", "--shapes", "2x32", "--dtype", "bf16",
+        time_targets.main(["--group", "forward", "--shapes", "2x32", "--precision", "bf16",
                           "--output", str(tmp_path / "r.json")])
 
 
 def test_a_backend_that_cannot_run_here_is_skipped_by_the_flash_job(tmp_path):
     from cs336_systems.sections.flash import time_flash as flash_cli
 
-    record = flash_cli.main(["--attention", "sdpa-cudnn", "--seq", "32", "--d", "16", "--dtype",
+    record = flash_cli.main(["--attention", "sdpa-cudnn", "--seq", "32", "--d", "16", "--precision",
                              "fp32", "--device", "cpu", "--output", str(tmp_path / "r.json")])
     assert record["status"] == "skipped"  # cuDNN attention never runs on a CPU
     assert record["message"].startswith("SDPA cuDNN cannot run here: ")
@@ -145,7 +145,7 @@ def test_the_rule_arguments_are_what_the_cli_takes(tmp_path):
             case = group_case(group, flash_config)
             assert record["config"]["shapes"] == [list(s) for s in case.shapes]
             assert record["config"]["rounds"] == flash_config["speed"]["rounds"]
-            assert (record["config"]["dtype"], record["config"]["causal"]) == (case.dtype,
+            assert (record["config"]["precision"], record["config"]["causal"]) == (case.precision,
                                                                                case.causal)
 
 
@@ -185,7 +185,7 @@ def test_cold_compile_past_its_patience_is_a_timeout(monkeypatch):
 
 
 def _config(**overrides) -> dict:
-    return {"group": "pytorch_sweep", "shapes": [[1, 32, 16]], "dtype": "fp32", "causal": True,
+    return {"group": "pytorch_sweep", "shapes": [[1, 32, 16]], "precision": "fp32", "causal": True,
             "rounds": 3, "seed": 0, **overrides}
 
 
@@ -261,7 +261,7 @@ def _record(tmp_path: Path, group: str, measurements: list[dict], shapes, status
             message: str = "", git: str = "abc", dtype: str = "bf16") -> str:
     record = {"section": "flash_speed", "status": status, "env": {**ENV, "git": git},
               "metrics": {"measurements": measurements} if status == "ok" else {},
-              "config": {"group": group, "shapes": [list(s) for s in shapes], "dtype": dtype,
+              "config": {"group": group, "shapes": [list(s) for s in shapes], "precision": dtype,
                          "causal": True, "rounds": 3, "seed": 0}}
     if message:
         record["message"] = message
@@ -437,7 +437,7 @@ def _flash_record(tmp_path: Path, impl: str, git: str, seq: int = 4096, d: int =
     record = {"section": "flash", "status": "ok", "env": {**ENV, "git": git},
               "metrics": {"forward_ms": fb_ms / 4, "backward_ms": 3 * fb_ms / 4,
                           "forward_backward_ms": fb_ms},
-              "config": {"attention": impl, "seq": seq, "d": d, "dtype": "bf16", "batch_size": 2,
+              "config": {"attention": impl, "seq": seq, "d": d, "precision": "bf16", "batch_size": 2,
                          "causal": True, "compile": False, "seed": 0}}
     path = tmp_path / "flash" / f"{impl}_{git}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -65,7 +65,7 @@ def _matrix(tmp_path, ours=2700.0, stock=3000.0, cudnn=2500.0, eager=3600.0,
             full_recompute=3000.0, **kw):
     return [_record(tmp_path, "stock", stock, peak=137.0),
             _record(tmp_path, "ours", ours, peak=117.0, **kw),
-            _record(tmp_path, "ours-but-cudnn", cudnn, peak=117.0),
+            _record(tmp_path, "ours-but-sdpa-cudnn", cudnn, peak=117.0),
             _record(tmp_path, "ours-but-eager", eager, peak=117.0),
             _record(tmp_path, "ours-but-full-recompute", full_recompute, peak=77.0),
             _record(tmp_path, "ours-but-whole-logits", 0, status="oom")]
@@ -73,7 +73,7 @@ def _matrix(tmp_path, ours=2700.0, stock=3000.0, cudnn=2500.0, eager=3600.0,
 
 def test_the_fastest_variant_against_the_stock_parts(tmp_path):
     facts, text = _one(tmp_path, _matrix(tmp_path))
-    assert facts["best"]["variant"] == "ours-but-cudnn"
+    assert facts["best"]["variant"] == "ours-but-sdpa-cudnn"
     assert facts["against"]["ratio"] == pytest.approx(2500 / 3000)
     assert "1.20x faster than the stock parts" in text
     assert "misses the proxy's target of 0.75x" in text and "with a lower peak" in text
@@ -94,7 +94,7 @@ def test_ours_is_held_to_the_faster_stock_step(tmp_path, hf_ms, held_to):
     name = section.STOCK_NAMES[held_to]
     assert f"than {name}, the faster stock step" in text
     assert f"{section.STOCK_NAMES[other]}: {other_ms:.0f} ms" in text
-    assert facts["best"]["variant"] == "ours-but-cudnn"  # a stock step is never ours
+    assert facts["best"]["variant"] == "ours-but-sdpa-cudnn"  # a stock step is never ours
 
 
 def test_a_target_met_and_a_slower_step_read_differently(tmp_path):
@@ -156,7 +156,7 @@ def test_fewer_layers_is_a_proxy_and_the_full_shape_is_not(tmp_path):
 def test_the_full_shape_says_by_how_much_it_misses_its_target(tmp_path):
     facts, text = _one(tmp_path, [
         _record(tmp_path, "stock", 6600.0, config=FULL, matrix="full"),
-        _record(tmp_path, "ours-but-cudnn-offloaded", 4529.0, config=FULL, matrix="full")])
+        _record(tmp_path, "ours-but-sdpa-cudnn-offloaded", 4529.0, config=FULL, matrix="full")])
     assert facts["against"]["meets_target_ms"] is False
     assert "misses this project's target of 4400 ms on two H200s by 129 ms." in text
     assert not _glued(text), _glued(text)
@@ -171,7 +171,7 @@ def test_each_matrix_has_its_own_facts_and_table(tmp_path):
     facts, text = _facts(tmp_path, full + _matrix(tmp_path))
     assert [m["name"] for m in facts["matrices"]] == ["full", "proxy"]
     real, proxy = facts["matrices"]
-    assert real["best"]["ms"] == 5200.0 and proxy["best"]["variant"] == "ours-but-cudnn"
+    assert real["best"]["ms"] == 5200.0 and proxy["best"]["variant"] == "ours-but-sdpa-cudnn"
     assert real["against"]["ratio"] == pytest.approx(5200 / 6600)
     assert not real["every_lever_oom"] and "Every lever at once does not fit" not in text
     assert text.index("All 34 layers on 2 GPUs") < text.index("The one-GPU proxy: 17 of 34")
@@ -204,10 +204,10 @@ def test_no_records_render(tmp_path):
 
 def test_a_variant_of_two_changes_is_no_lever():
     from cs336_systems.sections.leaderboard.runs import lever_of, variant_label
-    assert lever_of("ours-but-cudnn").name == "attention"
-    assert lever_of("ours-but-cudnn-half-selective") is None
-    assert lever_of("ours-but-cudnn-full-recompute") is None
-    assert "the last 50% of the layers" in variant_label("ours-but-cudnn-half-selective")
+    assert lever_of("ours-but-sdpa-cudnn").name == "attention"
+    assert lever_of("ours-but-sdpa-cudnn-half-selective") is None
+    assert lever_of("ours-but-sdpa-cudnn-full-recompute") is None
+    assert "the last 50% of the layers" in variant_label("ours-but-sdpa-cudnn-half-selective")
 
 
 def test_another_model_than_the_leaderboards_is_no_proxy_of_it(tmp_path):
@@ -228,21 +228,21 @@ H100 = {**ENV, "gpu": "NVIDIA H100 80GB HBM3"}
 def test_on_other_gpus_the_full_shape_names_them_and_has_no_h200_target(tmp_path):
     facts, text = _one(tmp_path, [
         _record(tmp_path, "stock", 0, status="oom", config=FULL, matrix="full-80gb", env=H100),
-        _record(tmp_path, "ours-but-cudnn-offloaded-full-recompute", 6100.0, peak=52.0,
+        _record(tmp_path, "ours-but-sdpa-cudnn-offloaded-full-recompute", 6100.0, peak=52.0,
                 config=FULL, matrix="full-80gb", env=H100),
-        _record(tmp_path, "ours-but-cudnn-offloaded-attention-kept", 5700.0, peak=61.0,
+        _record(tmp_path, "ours-but-sdpa-cudnn-offloaded-attention-kept", 5700.0, peak=61.0,
                 config=FULL, matrix="full-80gb", env=H100)])
     assert "All 34 layers on 2 GPUs (NVIDIA H100 80GB HBM3)" in text
     assert facts["against"] is None and facts["stock_oom"]
     assert "The stock parts do not fit on these GPUs" in text
     assert "this project's target" not in text
-    assert facts["best"]["variant"] == "ours-but-cudnn-offloaded-attention-kept"
+    assert facts["best"]["variant"] == "ours-but-sdpa-cudnn-offloaded-attention-kept"
     assert "attention's outputs kept" in facts["best"]["label"]
     # on H200s the same step has its target
     (tmp_path / "h").mkdir()
     _, h200 = _one(tmp_path / "h", [
         _record(tmp_path / "h", "stock", 6600.0, config=FULL, matrix="full"),
-        _record(tmp_path / "h", "ours-but-cudnn-offloaded", 4629.0, config=FULL, matrix="full")])
+        _record(tmp_path / "h", "ours-but-sdpa-cudnn-offloaded", 4629.0, config=FULL, matrix="full")])
     assert "All 34 layers on 2 GPUs (NVIDIA H200)" in h200 and "target of 4400 ms" in h200
     assert "The stock parts do not fit" not in h200
 
@@ -259,7 +259,7 @@ def _split(attention, matmul, elementwise, idle, clock=1600.0, capped=0.9):
 def test_where_the_time_went_is_each_class_share_of_the_profiled_step(tmp_path):
     paths = [_record(tmp_path, "stock", 3000.0,
                      extra={**_split(1300.0, 1400.0, 200.0, 70.0), "alloc_retries": 10}),
-             _record(tmp_path, "ours-but-cudnn", 2300.0,
+             _record(tmp_path, "ours-but-sdpa-cudnn", 2300.0,
                      extra={**_split(1000.0, 1100.0, 150.0, 20.0, clock=1500.0, capped=0.75),
                             "alloc_retries": 0})]
     facts, text = _one(tmp_path, paths)
@@ -291,11 +291,11 @@ def test_a_matrix_sized_for_smaller_gpus_says_which_peaks_fit(tmp_path):
                                         {"name": "full-80gb", "layers": None, "world_size": 2,
                                          "variants": ["stock"], "fits_gib": 76}]}
     paths = [_record(tmp_path, "stock", 6900.0, peak=132.1, config=FULL, matrix="full-80gb"),
-             _record(tmp_path, "ours-but-cudnn-offloaded-full-recompute", 5700.0, peak=41.9,
+             _record(tmp_path, "ours-but-sdpa-cudnn-offloaded-full-recompute", 5700.0, peak=41.9,
                      config=FULL, matrix="full-80gb"),
-             _record(tmp_path, "ours-but-cudnn-offloaded-20-selective", 5070.0, peak=65.7,
+             _record(tmp_path, "ours-but-sdpa-cudnn-offloaded-20-selective", 5070.0, peak=65.7,
                      config=FULL, matrix="full-80gb"),
-             _record(tmp_path, "ours-but-cudnn-offloaded", 4650.0, peak=128.9, config=FULL,
+             _record(tmp_path, "ours-but-sdpa-cudnn-offloaded", 4650.0, peak=128.9, config=FULL,
                      matrix="full-80gb")]
     facts = section.build({"records": paths}, {"assignment": sized},
                           {"table": str(tmp_path / "t.csv")})

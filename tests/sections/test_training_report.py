@@ -61,7 +61,7 @@ def _facts(tmp_path, training, optimizer):
 def test_the_ceiling_share_says_how_far_the_jobs_own_ceilings_move_it(tmp_path):
     """Each job measures the matmul ceiling: the share is against their median, and the
     jobs' range bounds it (1.6e12 FLOPs in 4 ms: 400 TFLOP/s against 720 to 800)."""
-    training = [_training(tmp_path, "ours-fa2-fused-graphs", 4.0, ceiling=800.0),
+    training = [_training(tmp_path, "ours-flash-triton-fused-graphs", 4.0, ceiling=800.0),
                 _training(tmp_path, "ours-sdpa-fused-graphs", 5.0, ceiling=720.0),
                 _training(tmp_path, "hf-llama-compiled", 8.0, ceiling=760.0)]
     facts, text = _facts(tmp_path, training, [])
@@ -74,13 +74,13 @@ def test_the_ceiling_share_says_how_far_the_jobs_own_ceilings_move_it(tmp_path):
 
 
 def test_the_fastest_of_ours_against_each_stock_part(tmp_path):
-    training = [_training(tmp_path, "ours-fa2-fused-compiled", 10.0),
+    training = [_training(tmp_path, "ours-flash-triton-fused-compiled", 10.0),
                 _training(tmp_path, "ours-sdpa-adamw", 30.0),
                 _training(tmp_path, "stock-compiled", 12.0),
                 _training(tmp_path, "hf-llama-compiled", 20.0)]
     facts, text = _facts(tmp_path, training, [])
     (small,) = facts["training"]
-    assert small["best"]["label"] == RUNS["ours-fa2-fused-compiled"].label
+    assert small["best"]["label"] == RUNS["ours-flash-triton-fused-compiled"].label
     hf = small["against"]["hf-llama-compiled"]
     assert hf["ratio"] == pytest.approx(0.5) and hf["speedup"]["word"] == "faster"
     assert "It is 2.00x faster than HF Llama, SDPA, torch AdamW (fused), compiled" in text
@@ -90,7 +90,7 @@ def test_the_fastest_of_ours_against_each_stock_part(tmp_path):
 
 
 def test_slower_and_tied_say_so(tmp_path):
-    facts, text = _facts(tmp_path, [_training(tmp_path, "ours-fa2-fused-compiled", 15.0),
+    facts, text = _facts(tmp_path, [_training(tmp_path, "ours-flash-triton-fused-compiled", 15.0),
                                     _training(tmp_path, "hf-llama-compiled", 12.0),
                                     _training(tmp_path, "stock-compiled", 15.05)], [])
     assert "1.25x slower than HF Llama" in text
@@ -98,7 +98,7 @@ def test_slower_and_tied_say_so(tmp_path):
 
 
 def test_a_run_that_ran_out_of_memory_is_listed_not_compared(tmp_path):
-    facts, text = _facts(tmp_path, [_training(tmp_path, "ours-fa2-fused-compiled", 15.0),
+    facts, text = _facts(tmp_path, [_training(tmp_path, "ours-flash-triton-fused-compiled", 15.0),
                                     _training(tmp_path, "hf-llama-compiled", 0, status="oom")],
                          [])
     assert facts["training"][0]["against"] == {}
@@ -167,21 +167,21 @@ def test_the_fused_optimizer_is_credited_only_with_what_its_phase_changed(tmp_pa
 
 def test_what_the_bf16_weight_copies_buy_is_their_run_against_its_twin(tmp_path):
     def facts_and_text(with_copies_ms, spread=0.1):
-        training = [_training(tmp_path, "ours-fa2-fused-bf16w-graphs", with_copies_ms,
+        training = [_training(tmp_path, "ours-flash-triton-fused-bf16w-graphs", with_copies_ms,
                               spread=spread, peak=40.0, size="2.7b"),
-                    _training(tmp_path, "ours-fa2-fused-graphs", 110.0, peak=45.0, size="2.7b")]
+                    _training(tmp_path, "ours-flash-triton-fused-graphs", 110.0, peak=45.0, size="2.7b")]
         return _facts(tmp_path, training, [])
 
     facts, text = facts_and_text(100.0)
     (gain,) = facts["training"][0]["masters_gain"]
-    assert gain["twin"] == RUNS["ours-fa2-fused-graphs"].label
+    assert gain["twin"] == RUNS["ours-flash-triton-fused-graphs"].label
     assert ": 100.0 ms against 110.0 ms without the copies, 1.10x faster, its peak 5.00 GiB " \
         "lower." in text
     _, text = facts_and_text(121.0)
     assert "1.10x slower, its peak" in text
     _, text = facts_and_text(110.5, spread=1.0)
     assert "a tie inside the measured spread" in text
-    facts, text = _facts(tmp_path, [_training(tmp_path, "ours-fa2-fused-bf16w-graphs", 100.0,
+    facts, text = _facts(tmp_path, [_training(tmp_path, "ours-flash-triton-fused-bf16w-graphs", 100.0,
                                                size="2.7b")], [])
     assert facts["training"][0]["masters_gain"] == [] and "without the copies" not in text
 

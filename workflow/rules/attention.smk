@@ -40,7 +40,7 @@ rule attention:
             "memory_cap_gib": None if wildcards.cap == "uncapped"
             else wildcards.cap.removeprefix("cap").removesuffix("gib"),
             "batch_size": ATTN["batch_size"], "causal": ATTN["causal"],
-            "warmup": ATTN["warmup"], "iterations": ATTN["iterations"], "device": DEVICE},
+            "warmup_steps": ATTN["warmup_steps"], "measure_steps": ATTN["measure_steps"], "device": DEVICE},
     resources:
         **measuring_job(),
     conda:

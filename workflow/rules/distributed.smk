@@ -52,8 +52,8 @@ rule allreduce:
         job="experiment",
         cli="cs336_systems.sections.distributed.time_allreduce",
         # the device follows the backend: nccl on GPUs, gloo on CPUs
-        args=lambda wildcards: {**wildcards, "warmup": ALLREDUCE["warmup"],
-                                "iterations": ALLREDUCE["iterations"]},
+        args=lambda wildcards: {**wildcards, "warmup_steps": ALLREDUCE["warmup_steps"],
+                                "measure_steps": ALLREDUCE["measure_steps"]},
     threads: lambda wildcards: int(wildcards.world_size)
     resources:
         **measuring_job(lambda wildcards: int(wildcards.world_size)

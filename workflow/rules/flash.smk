@@ -1,4 +1,4 @@
-# flash_benchmarking (assignment 4.4): one job per (implementation, seq, d, dtype); the
+# flash_benchmarking (assignment 4.4): one job per (implementation, seq, d, precision); the
 # leaderboard case (4.5, 2025) as one job per implementation; the speed targets as one job per
 # group; a kernel-by-kernel profile as one job per shape; then the section's tables, figures
 # and facts. Each job lists the kernel modules of its
@@ -11,10 +11,10 @@ from cs336_systems.lm.precision import PRECISIONS
 
 FLASH = P["flash"]
 LEADERBOARD = FLASH["leaderboard"]
-FLASH_RECORD = f"{RESULTS}/flash/{{attention}}_seq{{seq}}_d{{d}}_{{dtype}}.json"
+FLASH_RECORD = f"{RESULTS}/flash/{{attention}}_seq{{seq}}_d{{d}}_{{precision}}.json"
 LEADERBOARD_RECORD = f"{RESULTS}/flash_leaderboard/{{attention}}.json"
 FLASH_RECORDS = expand(FLASH_RECORD, attention=FLASH["attention"], seq=FLASH["seq_lengths"],
-                       d=FLASH["d_heads"], dtype=FLASH["dtypes"])
+                       d=FLASH["d_heads"], precision=FLASH["precisions"])
 LEADERBOARD_RECORDS = expand(LEADERBOARD_RECORD, attention=LEADERBOARD["attention"])
 SPEED_RECORD = f"{RESULTS}/flash_speed/{{group}}.json"
 SPEED_RECORDS = expand(SPEED_RECORD, group=GROUPS)
@@ -35,7 +35,7 @@ rule flash:
         log_for(FLASH_RECORD),
     wildcard_constraints:
         attention=one_of(ATTENTION_IMPLEMENTATIONS),
-        dtype=one_of(PRECISIONS),
+        precision=one_of(PRECISIONS),
         seq=r"\d+",
         d=r"\d+",
     params:
@@ -43,7 +43,7 @@ rule flash:
         cli="cs336_systems.sections.flash.time_flash",
         args=lambda wildcards: {"attention": wildcards.attention, "seq": wildcards.seq,
                                 "d": wildcards.d,
-                                "dtype": wildcards.dtype, "batch_size": FLASH["batch_size"],
+                                "precision": wildcards.precision, "batch_size": FLASH["batch_size"],
                                 "causal": FLASH["causal"], "compile": False,
                                 "device": DEVICE},
     resources:
@@ -69,7 +69,7 @@ rule flash_leaderboard:
         cli="cs336_systems.sections.flash.time_flash",
         # the assignment's case: torch.compile of each implementation, causal
         args=lambda wildcards: {"attention": wildcards.attention, "seq": LEADERBOARD["seq"],
-                                "d": LEADERBOARD["d"], "dtype": LEADERBOARD["dtype"],
+                                "d": LEADERBOARD["d"], "precision": LEADERBOARD["precision"],
                                 "batch_size": LEADERBOARD["batch_size"], "causal": True,
                                 "compile": True, "device": DEVICE},
     resources:
@@ -119,7 +119,7 @@ rule flash_kernels:
     params:
         job="experiment",
         cli="cs336_systems.sections.flash.kernel_profile",
-        args=lambda wildcards: {"shape": wildcards.shape, "dtype": KERNELS["dtype"],
+        args=lambda wildcards: {"shape": wildcards.shape, "precision": KERNELS["precision"],
                                 "causal": FLASH["causal"], "steps": KERNELS["steps"],
                                 "device": DEVICE},
     resources:

@@ -54,7 +54,7 @@ def measure(config: dict, device: torch.device) -> dict:
                 raise OutOfMemoryIn(name, metrics, error) from error
         return name, run
 
-    warmup, iterations = config["warmup"], config["iterations"]
+    warmup, iterations = config["warmup_steps"], config["measure_steps"]
     reset_peak(device)
     forwards = time_phases([guarded("forward", forward)], device, warmup, iterations,
                            total_name=None)

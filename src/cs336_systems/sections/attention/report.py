@@ -39,7 +39,7 @@ def attention_table(paths: list[str]) -> pd.DataFrame:
     frame["variant"] = np.where(frame["compile"].astype(bool), "compiled", "eager")
     frame["cap"] = frame["memory_cap_gib"].map(cap_label)
     frame = frame.sort_values(["memory_cap_gib", "d", "seq", "variant"], na_position="first")
-    return frame[["variant", "d", "seq", "batch_size", "causal", "warmup", "iterations",
+    return frame[["variant", "d", "seq", "batch_size", "causal", "warmup_steps", "measure_steps",
                   "memory_cap_gib", "cap", "status", *METRICS, "message", *tables.env_columns(frame)]]
 
 
@@ -171,7 +171,7 @@ def flash_memory_facts(flash: pd.DataFrame) -> dict | None:
     ok = flash[(flash["status"] == "ok") & flash["peak_gib"].notna()]
     out = {"batch_size": ok["batch_size"].iloc[0] if len(ok) else None,
            "causal": bool(ok["causal"].iloc[0]) if len(ok) else None, "rows": []}
-    for (d, dtype), group in ok.groupby(["d", "dtype"]):
+    for (d, dtype), group in ok.groupby(["d", "precision"]):
         impls = {impl: g.sort_values("seq").set_index("seq")["peak_gib"]
                  for impl, g in group.groupby("attention")}
         if not {"flash-triton", "eager"} <= set(impls):
@@ -186,7 +186,7 @@ def flash_memory_facts(flash: pd.DataFrame) -> dict | None:
         flash_extra = impls["flash-triton"][longest] - baseline
         eager_extra = impls["eager"][longest] - baseline
         out["rows"].append({
-            "d": d, "dtype": dtype, "seq": longest, "shortest_seq": both[0],
+            "d": d, "precision": dtype, "seq": longest, "shortest_seq": both[0],
             "baseline_gib": baseline, "flash_gib": impls["flash-triton"][longest],
             "eager_gib": impls["eager"][longest], "flash_extra_gib": flash_extra,
             "eager_extra_gib": eager_extra,
@@ -387,7 +387,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         },
         "setup": None if first is None else {
             "batch_size": first["batch_size"], "causal": bool(first["causal"]),
-            "warmup": first["warmup"], "iterations": first["iterations"],
+            "warmup_steps": first["warmup_steps"], "measure_steps": first["measure_steps"],
             "caps": list(dict.fromkeys(table["cap"]))},
         "on_cuda": bool("env_device" in table and (table["env_device"] == "cuda").any()),
         "tables": [{"cap": cap, "table": tables.to_markdown(display_table(group))}

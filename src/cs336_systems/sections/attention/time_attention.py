@@ -1,12 +1,12 @@
 """pytorch_attention and torch_compile (a) (assignment 3.1, 3.2): attention alone at one shape.
 
     python -m cs336_systems.sections.attention.time_attention --d 64 --seq 4096 --output r.json \
-        [--compile] [--memory-cap-gib 24] [--batch-size 8 --warmup 5 --iterations 100]
+        [--compile] [--memory-cap-gib 24] [--batch-size 8 --warmup-steps 5 --measure-steps 100]
 
 q, k, v of shape (batch, seq, d) in fp32, no head dimension, through the registry's `eager`
-attention, or `torch.compile` of it. The harness times `iterations` forward passes (after
-`warmup` untimed ones), then reads the memory in use after one more forward, before its backward,
-then times `iterations` backward passes (each after an untimed forward that builds its graph),
+attention, or `torch.compile` of it. The harness times `measure_steps` forward passes (after
+`warmup_steps` untimed ones), then reads the memory in use after one more forward, before its
+backward, then times `measure_steps` backward passes (each after an untimed forward that builds its graph),
 synchronizing after each. The first forward and backward are kept apart (`first_*_ms`): with
 `--compile` they include compilation. An out-of-memory is a result: status `oom`, the pass that
 ran out (`oom_pass`), and what was measured before it. `--memory-cap-gib` caps this process's
@@ -29,13 +29,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                         help="time torch.compile(eager attention)")
-    parser.add_argument("--warmup", type=non_negative_int, default=5)
-    parser.add_argument("--iterations", type=positive_int, default=100)
+    parser.add_argument("--warmup-steps", type=non_negative_int, default=5)
+    parser.add_argument("--measure-steps", type=positive_int, default=100)
     parser.add_argument("--memory-cap-gib", type=float, default=None,
                         help="let this process use at most this much GPU memory")
     args = parser.parse_args(argv)
-    if args.compile and args.warmup < 1:
-        parser.error("--compile needs --warmup of at least 1, or compilation lands in the timings")
+    if args.compile and args.warmup_steps < 1:
+        parser.error("--compile needs --warmup-steps of at least 1, or compilation lands in the timings")
     if args.memory_cap_gib is not None and args.memory_cap_gib <= 0:
         parser.error(f"--memory-cap-gib must be positive, got {args.memory_cap_gib}")
     return record_run("attention", args, measure)

@@ -17,7 +17,7 @@ def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict
     tensor = torch.randn(size_bytes // 4, device=device)
     phases = [("allreduce", lambda: dist.all_reduce(tensor)),
               ("rescale", lambda: tensor.div_(world_size))]  # keeps the values bounded
-    times = time_phases(phases, device, config["warmup"], config["iterations"], total_name=None)
+    times = time_phases(phases, device, config["warmup_steps"], config["measure_steps"], total_name=None)
     times_ms = times.measured_ms["allreduce"]
     per_rank: list[list[float]] = [None] * world_size  # type: ignore[list-item]
     dist.all_gather_object(per_rank, times_ms)

@@ -3,7 +3,7 @@
     python -m cs336_systems.sections.distributed.time_allreduce --backend nccl --size-mb 100 \
         --world-size 2 --output r.json
 
-float32 tensors of `size_mb` MB (10^6 bytes); `warmup` untimed all-reduces, then `iterations`
+float32 tensors of `size_mb` MB (10^6 bytes); `warmup_steps` untimed all-reduces, then `measure_steps`
 timed ones, each between two device synchronizations (the timing harness). Every rank's times
 are gathered; an
 iteration's time is the slowest rank's. Algorithm bandwidth = bytes / time; bus bandwidth
@@ -23,8 +23,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", required=True, choices=BACKENDS)
     parser.add_argument("--size-mb", type=float, required=True)
     parser.add_argument("--world-size", type=positive_int, required=True)
-    parser.add_argument("--warmup", type=non_negative_int, default=5)
-    parser.add_argument("--iterations", type=positive_int, default=20)
+    parser.add_argument("--warmup-steps", type=non_negative_int, default=5)
+    parser.add_argument("--measure-steps", type=positive_int, default=20)
     args = parser.parse_args(argv)
     if args.size_mb <= 0:
         parser.error(f"--size-mb must be positive, got {args.size_mb}")

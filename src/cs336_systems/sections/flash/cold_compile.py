@@ -1,7 +1,7 @@
 """One compiled forward+backward of our FlashAttention-2, for `flash_speed`'s cold_compile group.
 
     TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) \
-        python -m cs336_systems.sections.flash.cold_compile --shape 16x16384x64 --dtype bf16
+        python -m cs336_systems.sections.flash.cold_compile --shape 16x16384x64 --precision bf16
 
 `flash_speed` runs this in a fresh process with empty caches and times the whole process, from
 its start (Python, torch and the kernels imported) to its end; this prints one JSON line with
@@ -25,13 +25,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", required=True, help="BATCHxSEQxD")
-    parser.add_argument("--dtype", required=True, choices=list(PRECISIONS))
+    parser.add_argument("--precision", required=True, choices=list(PRECISIONS))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args(argv)
     start = time.perf_counter()
     shape = tuple(int(n) for n in args.shape.split("x"))
-    first_compiled_step(shape, PRECISIONS[args.dtype], torch.device(args.device), args.causal)
+    first_compiled_step(shape, PRECISIONS[args.precision], torch.device(args.device), args.causal)
     parts = {"first_step_s": time.perf_counter() - start}
     print(json.dumps(parts), flush=True)
     return parts

@@ -2,7 +2,7 @@
 FlashAttention-2 (its deterministic backward, and the variant that adds dQ atomically) beside
 SDPA's cuDNN and flash backends, at one shape, in one process.
 
-    python -m cs336_systems.sections.flash.kernel_profile --shape 16x16384x128 --dtype bf16 \
+    python -m cs336_systems.sections.flash.kernel_profile --shape 16x16384x128 --precision bf16 \
         --output r.json
 
 How it profiles: `kernel_timings`; the variants and how work is counted: `kernel_variants`.
@@ -21,7 +21,7 @@ from cs336_systems.sections.flash.targets import parse_shape
 def main(argv: list[str] | None = None) -> dict:
     parser = section_parser(__doc__)
     parser.add_argument("--shape", required=True, type=parse_shape, help="BATCHxSEQxD")
-    parser.add_argument("--dtype", required=True, choices=list(PRECISIONS))
+    parser.add_argument("--precision", required=True, choices=list(PRECISIONS))
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--steps", type=positive_int, default=5,
                         help="profiled forward+backward steps per variant")

@@ -105,7 +105,7 @@ def profile_variants(shape, dtype: torch.dtype, causal: bool, steps: int,
 def measure(config: dict, device: torch.device) -> dict:
     if device.type != "cuda":
         raise Skip("a profile of GPU kernels; this job runs on the CPU")
-    shape, dtype, causal, steps = (tuple(config["shape"]), PRECISIONS[config["dtype"]],
+    shape, dtype, causal, steps = (tuple(config["shape"]), PRECISIONS[config["precision"]],
                                    config["causal"], config["steps"])
     torch.manual_seed(config["seed"])
     rows, variants = profile_variants(shape, dtype, causal, steps, device)

@@ -23,7 +23,7 @@ def attention_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.d
 
 
 def measure(config: dict, device: torch.device) -> dict:
-    dtype = PRECISIONS[config["dtype"]]
+    dtype = PRECISIONS[config["precision"]]
     triton_on_cpu = config["attention"] == "flash-triton" and device.type == "cpu"
     if triton_on_cpu and dtype == torch.bfloat16:
         raise Skip("Triton's CPU interpreter cannot run bf16 tl.dot (triton-lang/triton#11584)")

@@ -24,11 +24,11 @@ from cs336_systems.sections.flash import kernel_table, speed_table
 from cs336_systems.sections.flash.targets import CLASS_BEST_MS, OURS
 
 PASSES = ["forward", "backward", "forward_backward"]
-CONFIG_COLUMNS = ["attention", "seq", "d", "dtype", "batch_size", "causal", "compile"]
+CONFIG_COLUMNS = ["attention", "seq", "d", "precision", "batch_size", "causal", "compile"]
 METRIC_COLUMNS = ([f"{p}_ms" for p in PASSES] + [f"{p}_status" for p in PASSES]
                   + ["peak_gib", "sdpa_backend"])  # the backend unpinned SDPA chose
 TFLOPS_COLUMNS = [f"{p}_tflops" for p in PASSES]
-SHAPE_KEYS = ["d", "dtype", "seq"]
+SHAPE_KEYS = ["d", "precision", "seq"]
 # FLOPs of each pass as multiples of the forward's, and the share of the score matrix a causal
 # kernel computes: the FlashAttention-2 paper's convention (backward: five matmuls against the
 # forward's two; causal: half the scores).
@@ -40,7 +40,7 @@ FLASH = OURS
 REFERENCES = ("eager", "sdpa")
 # The leaderboard case's keys that the config sets (the leaderboard rule always times it
 # causal and compiled).
-LEADERBOARD_KEYS = ("batch_size", "seq", "d", "dtype")
+LEADERBOARD_KEYS = ("batch_size", "seq", "d", "precision")
 CODE_AND_TESTS = ("by the kernels and their tests (tests/kernels/test_flash_kernels.py), not by a job of "
                   "this pipeline")
 
@@ -78,7 +78,7 @@ def build_table(record_paths: list[str]) -> pd.DataFrame:
         frame.loc[frame[f"{p}_ms"].notna(), f"{p}_status"] = "ok"
     frame = with_tflops(frame)
     frame["attention_rank"] = frame["attention"].map({n: i for i, n in enumerate(ATTENTION_ORDER)})
-    frame = frame.sort_values(["d", "dtype", "seq", "attention_rank"])
+    frame = frame.sort_values(["d", "precision", "seq", "attention_rank"])
     return frame[CONFIG_COLUMNS + ["status"] + METRIC_COLUMNS + TFLOPS_COLUMNS + ["message"]
                  + tables.env_columns(frame)]
 
@@ -89,7 +89,7 @@ def overhead_cells(table: pd.DataFrame) -> pd.Series:
     flops = pd.Series([pass_flops(int(r["batch_size"]), int(r["seq"]), int(r["d"]),
                                   bool(r["causal"]), "forward_backward")
                        for _, r in table.iterrows()], index=table.index, dtype=float)
-    return facts.overhead_bound(table, ["attention", "d", "dtype"], flops,
+    return facts.overhead_bound(table, ["attention", "d", "precision"], flops,
                                 "forward_backward_ms")
 
 
@@ -115,7 +115,7 @@ def display_table(table: pd.DataFrame, flags: pd.Series) -> pd.DataFrame:
     `overhead_cells`, marks the cell) and its forward+backward TFLOP/s (blank: no record)."""
     rows = []
     for (d, dtype, seq), group in table.groupby(SHAPE_KEYS, sort=True):
-        row = {"d": d, "dtype": dtype, "seq": seq}
+        row = {"d": d, "precision": dtype, "seq": seq}
         for i, r in group.iterrows():
             row[f"{attention_label(r['attention'])} ms"] = _cell(r, flags[i])
             row[f"{attention_label(r['attention'])} TFLOP/s"] = _tflops(r)
@@ -145,8 +145,8 @@ def speedup_display(table: pd.DataFrame, flags: pd.Series) -> pd.DataFrame:
     seqs = sorted(set(table["seq"]))
     rows = []
     for over in REFERENCES:
-        for d, dtype in sorted(set(zip(table["d"], table["dtype"]))):
-            row = {"d": d, "dtype": dtype, "over": attention_label(over)}
+        for d, dtype in sorted(set(zip(table["d"], table["precision"]))):
+            row = {"d": d, "precision": dtype, "over": attention_label(over)}
             for seq in seqs:
                 cells = [indexed.loc[(impl, d, dtype, seq)] if (impl, d, dtype, seq)
                          in indexed.index else None for impl in (FLASH, over)]
@@ -188,7 +188,7 @@ def latency_figure(table: pd.DataFrame, path: str | Path) -> None:
     ds = sorted(table["d"].dropna().unique())
     fig, axes = figures.subplots(max(len(ds), 1), width=4.2)
     for ax, d in zip(axes[0], ds):
-        for (impl, dtype), group in table[table["d"] == d].groupby(["attention", "dtype"]):
+        for (impl, dtype), group in table[table["d"] == d].groupby(["attention", "precision"]):
             group = group.dropna(subset=["forward_backward_ms"]).sort_values("seq")
             if len(group):
                 ax.plot(group["seq"], group["forward_backward_ms"], marker="o",
@@ -207,7 +207,7 @@ def speedup_figure(table: pd.DataFrame, path: str | Path) -> None:
     ax = axes[0][0]
     for over in REFERENCES:
         s = speedups(table, over=over)
-        for (d, dtype), group in s.groupby(["d", "dtype"]):
+        for (d, dtype), group in s.groupby(["d", "precision"]):
             group = group.sort_values("seq")
             ax.plot(group["seq"], group["speedup"], marker="o",
                     linestyle="-" if over == "eager" else ":",
@@ -226,7 +226,7 @@ def speedup_figure(table: pd.DataFrame, path: str | Path) -> None:
 # --- facts -----------------------------------------------------------------------------------
 
 def _where(row: pd.Series) -> dict:
-    return {"seq": int(row["seq"]), "d": int(row["d"]), "dtype": str(row["dtype"])}
+    return {"seq": int(row["seq"]), "d": int(row["d"]), "precision": str(row["precision"])}
 
 
 def speedup_summary(table: pd.DataFrame, over: str) -> dict | None:
@@ -268,9 +268,9 @@ def oom_facts(table: pd.DataFrame) -> list[dict]:
     out = []
     any_oom = pd.concat([table[f"{p}_status"] == "oom" for p in PASSES], axis=1).any(axis=1)
     oom = table[any_oom]
-    for (impl, d, dtype), group in oom.groupby(["attention", "d", "dtype"], sort=True):
+    for (impl, d, dtype), group in oom.groupby(["attention", "d", "precision"], sort=True):
         out.append({"attention": impl, "label": attention_label(impl), "d": int(d),
-                    "dtype": str(dtype), "from_seq": int(group["seq"].min()),
+                    "precision": str(dtype), "from_seq": int(group["seq"].min()),
                     "configurations": len(group),
                     "passes": [p for p in PASSES if (group[f"{p}_status"] == "oom").any()]})
     return out
@@ -300,7 +300,7 @@ def sweep_gap(table: pd.DataFrame, assignment: dict) -> str:
     `defaults.flash`) this table leaves out ('' if none)."""
     return facts.not_in_preset(
         {name: (assignment[key], table[name].dropna().tolist())
-         for name, key in (("seq", "seq_lengths"), ("d", "d_heads"), ("dtype", "dtypes"))},
+         for name, key in (("seq", "seq_lengths"), ("d", "d_heads"), ("precision", "precisions"))},
         more=[f"no {attention_label(impl)} rows" for impl in assignment["attention"]
               if impl not in set(table["attention"])],
         lead="not in this preset's sweep")
@@ -311,7 +311,7 @@ def leaderboard_shape(board: pd.DataFrame) -> dict | None:
         return None
     first = board.iloc[0]
     return {"batch_size": int(first["batch_size"]), "seq": int(first["seq"]),
-            "d": int(first["d"]), "dtype": str(first["dtype"]),
+            "d": int(first["d"]), "precision": str(first["precision"]),
             "causal": bool(first["causal"]), "compile": bool(first["compile"])}
 
 
@@ -375,7 +375,7 @@ def coverage(table: pd.DataFrame, board: pd.DataFrame, assignment: dict) -> dict
     gaps = []
     if shape is not None and not is_assignment_case(shape, assignment):
         gaps.append(f"this preset times ({shape['batch_size']}, {shape['seq']}, {shape['d']}) "
-                    f"{shape['dtype']}, not the assignment's case")
+                    f"{shape['precision']}, not the assignment's case")
     if not board.empty:
         gaps += [f"no {attention_label(impl)} entry"
                  for impl in assignment["leaderboard"]["attention"]

@@ -117,7 +117,7 @@ def time_versus(shape: Shape, impls: list[AttentionRun], metric: str, config: di
     """Each implementation at one shape, in `rounds` interleaved rounds of `benchmark_ms`."""
     torch._dynamo.reset()  # each shape compiles afresh: no recompile limit, no dynamic shapes
     torch.manual_seed(config["seed"])
-    inputs = attention_inputs(shape, PRECISIONS[config["dtype"]], device)
+    inputs = attention_inputs(shape, PRECISIONS[config["precision"]], device)
     q, k, v, _ = inputs
     steps, done = {}, {}
     for impl in impls:
@@ -166,7 +166,7 @@ def _forward_backward_runs(shape: Shape, config: dict, device: torch.device):
     """Our forward+backward run once at `shape`: (the step, its inputs), or None if it ran out
     of memory (whose tensors are freed when this returns)."""
     try:
-        inputs = attention_inputs(shape, PRECISIONS[config["dtype"]], device)
+        inputs = attention_inputs(shape, PRECISIONS[config["precision"]], device)
         step = step_fn(attend_fn(AttentionRun(OURS)), "forward_backward_ms", inputs, config["causal"])
         step()
         synchronize(device)
@@ -221,7 +221,7 @@ def measure_cold_compile(config: dict, device: torch.device) -> list[dict]:
     timeout = COLD_COMPILE_PATIENCE * target.bound
     src = str(SRC_ROOT)
     command = [sys.executable, "-m", COLD_COMPILE_CLI, "--shape",
-               "x".join(map(str, shape)), "--dtype", config["dtype"], "--device", str(device),
+               "x".join(map(str, shape)), "--precision", config["precision"], "--device", str(device),
                "--causal" if config["causal"] else "--no-causal"]
     with tempfile.TemporaryDirectory(prefix="cold-compile-") as cache:
         env = {**os.environ, "TRITON_CACHE_DIR": f"{cache}/triton",

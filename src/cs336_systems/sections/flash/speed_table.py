@@ -19,7 +19,7 @@ from cs336_systems.report import facts, tables
 from cs336_systems.report.render import fmt, fmt_ratio
 from cs336_systems.sections.flash.targets import TARGETS, UNITS_SHOWN, Target
 
-COLUMNS = ["target", "title", "shape", "dtype", "causal", "ours", "value", "value_std", "unit",
+COLUMNS = ["target", "title", "shape", "precision", "causal", "ours", "value", "value_std", "unit",
            "reference", "reference_value", "reference_std", "ratio", "compared", "bound",
            "target_text", "meets_target", "within_spread", "off_by", "stretch", "status",
            "reason", "commit"]
@@ -38,7 +38,7 @@ def _measurements(record: dict) -> dict[tuple[str, tuple], dict]:
 def _base(target: Target, record: dict, shape) -> dict:
     config = record["config"]
     return {"target": target.key, "title": target.name, "shape": _shape(shape),
-            "dtype": config.get("dtype"), "causal": config.get("causal"),
+            "precision": config.get("precision"), "causal": config.get("causal"),
             "ours": target.ours.label, "unit": target.unit,
             "reference": target.reference.label if target.reference else "",
             "bound": target.bound, "target_text": target.describe(), "stretch": target.stretch,
@@ -146,7 +146,7 @@ def speed_display(table: pd.DataFrame) -> pd.DataFrame:
             "true" if value else "false")
     return pd.DataFrame({
         "target": table["title"],
-        "shape": [f"{r['shape']} {r['dtype']}" if r["shape"] else ""
+        "shape": [f"{r['shape']} {r['precision']}" if r["shape"] else ""
                   for _, r in table.iterrows()],
         "ours": [_pm(r["value"], r["value_std"], _time_unit(r)) for _, r in table.iterrows()],
         "reference": table["reference"],

@@ -30,7 +30,7 @@ OURS = "flash-triton"
 Shape = tuple[int, int, int]  # batch, sequence length, head dimension
 # the cold_compile group's child process: one compiled forward+backward from empty caches
 COLD_COMPILE_CLI = "cs336_systems.sections.flash.cold_compile"
-# The dtype of the targets on the sweep's shapes ("bf16, seq >= 4096, every d in the sweep").
+# The precision of the targets on the sweep's shapes ("bf16, seq >= 4096, every d in the sweep").
 SWEEP_DTYPE = "bf16"
 # Forward alone is timed at the leaderboard's batch and length with these head dimensions.
 FORWARD_D_HEADS = (64, 128)
@@ -77,10 +77,10 @@ class AttentionRun:
 
 @dataclass(frozen=True)
 class Case:
-    """What a group's job measures: (batch, seq, d) shapes of q, k and v, a dtype, causal or not."""
+    """What a group's job measures: (batch, seq, d) shapes of q, k and v, a precision, causal or not."""
 
     shapes: tuple[tuple[int, int, int], ...]
-    dtype: str
+    precision: str
     causal: bool
 
 
@@ -137,12 +137,12 @@ class Target:
 
 def _leaderboard(flash: dict) -> Case:
     lb = flash["leaderboard"]
-    return Case(((lb["batch_size"], lb["seq"], lb["d"]),), lb["dtype"], causal=True)
+    return Case(((lb["batch_size"], lb["seq"], lb["d"]),), lb["precision"], causal=True)
 
 
 def _forward(flash: dict) -> Case:
     lb = flash["leaderboard"]
-    return Case(tuple((lb["batch_size"], lb["seq"], d) for d in FORWARD_D_HEADS), lb["dtype"],
+    return Case(tuple((lb["batch_size"], lb["seq"], d) for d in FORWARD_D_HEADS), lb["precision"],
                 causal=True)
 
 
@@ -159,9 +159,9 @@ def _longest(flash: dict) -> Case:
                 SWEEP_DTYPE, flash["causal"])
 
 
-def _fixed(shapes: tuple, dtype: str = "bf16") -> Callable[[dict], Case]:
+def _fixed(shapes: tuple, precision: str = "bf16") -> Callable[[dict], Case]:
     def case(flash: dict) -> Case:
-        return Case(tuple(shapes), dtype, causal=True)
+        return Case(tuple(shapes), precision, causal=True)
     return case
 
 
@@ -256,7 +256,7 @@ def group_runs(group: str) -> list[AttentionRun]:
 
 
 def group_case(group: str, flash: dict) -> Case:
-    """The shapes, dtype and causal flag a group's job measures, from the config's `flash`."""
+    """The shapes, precision and causal flag a group's job measures, from the config's `flash`."""
     return GROUPS[group].case(flash)
 
 
@@ -264,7 +264,7 @@ def group_args(group: str, flash: dict) -> dict:
     """A group's job arguments (`sections/flash/time_targets.py`) from the config's `flash`."""
     case = group_case(group, flash)
     return {"group": group, "shapes": ["x".join(map(str, shape)) for shape in case.shapes],
-            "dtype": case.dtype, "causal": case.causal, "rounds": flash["speed"]["rounds"]}
+            "precision": case.precision, "causal": case.causal, "rounds": flash["speed"]["rounds"]}
 
 
 def group_modules(group: str) -> list[str]:

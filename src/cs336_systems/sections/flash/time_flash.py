@@ -1,7 +1,7 @@
 """flash_benchmarking (assignment §4.4-4.5): latency of one attention implementation at one shape.
 
     python -m cs336_systems.sections.flash.time_flash --attention flash-triton --seq 4096 --d 64 \
-        --dtype bf16 --output r.json [--batch-size 16 --compile]   # the leaderboard adds these
+        --precision bf16 --output r.json [--batch-size 16 --compile]   # the leaderboard adds these
 
 Times forward, backward and forward+backward with `triton.testing.do_bench` (median, ms).
 `--attention` names an implementation of the attention registry (`cs336_systems.lm.attention`):
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--attention", required=True, choices=list(ATTENTION_IMPLEMENTATIONS))
     parser.add_argument("--seq", type=positive_int, required=True)
     parser.add_argument("--d", type=positive_int, required=True)
-    parser.add_argument("--dtype", required=True, choices=list(PRECISIONS))
+    parser.add_argument("--precision", required=True, choices=list(PRECISIONS))
     parser.add_argument("--batch-size", type=positive_int, default=1)
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,

@@ -2,7 +2,7 @@
 group per job.
 
     python -m cs336_systems.sections.flash.time_targets --group leaderboard --shapes 16x16384x64 \
-        --dtype bf16 --rounds 3 --output r.json
+        --precision bf16 --rounds 3 --output r.json
 
 What each group measures and the record it writes: `cs336_systems.sections.flash.speed`.
 """
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--group", required=True, choices=list(GROUPS))
     parser.add_argument("--shapes", nargs="*", type=parse_shape, default=[],
                         help="BATCHxSEQxD each (none: the preset has no shape for the group)")
-    parser.add_argument("--dtype", required=True, choices=list(PRECISIONS))
+    parser.add_argument("--precision", required=True, choices=list(PRECISIONS))
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--rounds", type=positive_int, default=3,
                         help="interleaved do_bench rounds per implementation and shape")

@@ -68,7 +68,7 @@ RECOMPUTE_LABELS = {"all": "full checkpointing",
                     "none": "nothing recomputed"}
 
 LEVERS: tuple[Lever, ...] = (
-    Lever("attention", "attention kernel", "flash-triton", "sdpa-cudnn", "ours-but-cudnn"),
+    Lever("attention", "attention kernel", "flash-triton", "sdpa-cudnn", "ours-but-sdpa-cudnn"),
     Lever("optimizer", "optimizer", "adamw-fused", "torch-adamw-fused", "ours-but-torch-adamw"),
     Lever("compile", "per-layer torch.compile", True, False, "ours-but-eager"),
     Lever("recompute", "activation checkpointing", "elementwise", "all",
@@ -91,13 +91,14 @@ VARIANTS: dict[str, LeaderboardVariant] = {
     **{lever.without: replace(OURS, **{lever.name: lever.off}) for lever in LEVERS},
     # what fits the full 34 layers on two 141 GB GPUs: keeping every layer's matmul outputs
     # does not (about 3.6 GB a layer at 32768 tokens), so every layer is checkpointed whole
-    "ours-but-cudnn-full-recompute": replace(OURS, attention="sdpa-cudnn", recompute="all"),
+    "ours-but-sdpa-cudnn-full-recompute": replace(OURS, attention="sdpa-cudnn", recompute="all"),
     # between the two: half the layers keep their matmuls' outputs (about 40 GiB more than
     # full checkpointing at the full shape, which two 141 GB GPUs have room for)
-    "ours-but-cudnn-half-selective": replace(OURS, attention="sdpa-cudnn", selective_share=0.5),
+    "ours-but-sdpa-cudnn-half-selective": replace(OURS, attention="sdpa-cudnn",
+                                                  selective_share=0.5),
     # the rest of the room: more layers keep their matmuls' outputs, and the others keep
     # attention's (a quarter of a GiB a layer), so that no layer redoes attention's forward
-    **{f"ours-but-cudnn-{share}-selective": replace(
+    **{f"ours-but-sdpa-cudnn-{share}-selective": replace(
         OURS, attention="sdpa-cudnn", selective_share=share / 100, others="all-but-attention")
        for share in (60, 70, 80)},
     # what keeps every layer's matmul outputs at the full shape: the layers' AdamW moments (8
@@ -105,16 +106,17 @@ VARIANTS: dict[str, LeaderboardVariant] = {
     # each layer is stepped in backward (lm/offloaded_adamw.py), which leaves the room to the
     # activations
     "ours-offloaded": replace(OURS, optimizer="adamw-offloaded"),
-    "ours-but-cudnn-offloaded": replace(OURS, attention="sdpa-cudnn", optimizer="adamw-offloaded"),
+    "ours-but-sdpa-cudnn-offloaded": replace(OURS, attention="sdpa-cudnn",
+                                             optimizer="adamw-offloaded"),
     # what fits two 80 GB GPUs (H100s): the moments on the host, and of the activations only
     # the layers' inputs (full checkpointing), or also attention's outputs (a quarter of a GiB
     # a layer; no layer redoes attention's forward), or also the matmuls' outputs of the last
     # 10% or 20% of the layers (about 2 GiB a layer more)
-    "ours-but-cudnn-offloaded-full-recompute": replace(
+    "ours-but-sdpa-cudnn-offloaded-full-recompute": replace(
         OURS, attention="sdpa-cudnn", optimizer="adamw-offloaded", recompute="all"),
-    "ours-but-cudnn-offloaded-attention-kept": replace(
+    "ours-but-sdpa-cudnn-offloaded-attention-kept": replace(
         OURS, attention="sdpa-cudnn", optimizer="adamw-offloaded", recompute="all-but-attention"),
-    **{f"ours-but-cudnn-offloaded-{share}-selective": replace(
+    **{f"ours-but-sdpa-cudnn-offloaded-{share}-selective": replace(
         OURS, attention="sdpa-cudnn", optimizer="adamw-offloaded", selective_share=share / 100,
         others="all-but-attention")
        for share in (10, 20)},

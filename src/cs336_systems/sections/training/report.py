@@ -92,7 +92,8 @@ def optimizer_facts(frame: pd.DataFrame) -> list[dict]:
         out.append({"size": size, "parameters": facts.number(group["parameters"].iloc[0]),
                     "gpu": group["gpu"].iloc[0], "git": group["git"].iloc[0],
                     "floor_ms": floor, "copy_gbps": facts.number(group["copy_gbps"].iloc[0]),
-                    "table": tables.to_markdown(shown) if len(shown) else "_(no optimizer measured)_",
+                    "table": (tables.to_markdown(shown) if len(shown)
+                              else "_(no optimizer measured)_"),
                     "fused": fused,
                     "written_out_extra_gib": facts.number(reference["extra_gib"])
                     if reference is not None else None,
@@ -204,7 +205,8 @@ def training_facts(frame: pd.DataFrame) -> list[dict]:
         out.append({
             "size": size, "ceiling_tflops": ceiling,
             "ceiling_range": None if ceilings.empty else {
-                "min": facts.number(ceilings.min()), "max": facts.number(ceilings.max()), "jobs": len(ceilings)},
+                "min": facts.number(ceilings.min()), "max": facts.number(ceilings.max()),
+                "jobs": len(ceilings)},
             "table": tables.to_markdown(shown),
             "best": None if best is None else {
                 "label": RUNS[best].label, "ms": facts.number(ok.loc[best, "ms_median"]),

@@ -45,16 +45,19 @@ def _ours(attention: str, optimizer: str, compile_: bool) -> TrainingRun:
     return TrainingRun("ours", attention, optimizer, compile_)
 
 
+ATTENTIONS = ("sdpa", "flash-triton")  # names of lm.attention's registry, as in the run names
+
 RUNS: dict[str, TrainingRun] = {
-    **{f"ours-{a}-{o}{'-compiled' if c else ''}": _ours(attention, optimizer, c)
+    **{f"ours-{attention}-{o}{'-compiled' if c else ''}": _ours(attention, optimizer, c)
        for c in (False, True)
-       for a, attention in (("sdpa", "sdpa"), ("fa2", "flash-triton"))
+       for attention in ATTENTIONS
        for o, optimizer in (("adamw", "adamw"), ("fused", "adamw-fused"))},
-    **{f"ours-{a}-fused-graphs": TrainingRun("ours", attention, "adamw-fused", True, graphs=True)
-       for a, attention in (("sdpa", "sdpa"), ("fa2", "flash-triton"))},
-    **{f"ours-{a}-fused-bf16w-graphs": TrainingRun("ours", attention, "adamw-fused", True,
-                                                   graphs=True, master_weights=True)
-       for a, attention in (("sdpa", "sdpa"), ("fa2", "flash-triton"))},
+    **{f"ours-{attention}-fused-graphs": TrainingRun("ours", attention, "adamw-fused", True,
+                                                     graphs=True)
+       for attention in ATTENTIONS},
+    **{f"ours-{attention}-fused-bf16w-graphs": TrainingRun("ours", attention, "adamw-fused", True,
+                                                           graphs=True, master_weights=True)
+       for attention in ATTENTIONS},
     "stock-compiled": TrainingRun("ours", "sdpa-cudnn", "torch-adamw-fused", True, stock=True),
     "hf-llama": TrainingRun("hf-llama", "sdpa", "torch-adamw-fused", False, stock=True),
     "hf-llama-compiled": TrainingRun("hf-llama", "sdpa", "torch-adamw-fused", True, stock=True),

@@ -1,7 +1,7 @@
 """One training step of the section's table (`runs.RUNS`): forward, loss, backward and the
 optimizer's step, timed, with the job's own bf16 matmul ceiling.
 
-    python -m cs336_systems.sections.training.time_training --run ours-fa2-fused-compiled \
+    python -m cs336_systems.sections.training.time_training --run ours-flash-triton-fused-compiled \
         --size 2.7b --context-length 512 --batch-size 4 --output r.json
 
 Times `--measure-steps` steps after `--warmup-steps` (compilation happens in the warm-up) with
