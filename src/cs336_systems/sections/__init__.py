@@ -3,7 +3,8 @@
 A section is one folder here, one rules file and one config block:
 
     sections/<name>/__init__.py    what the section answers, and its jobs
-    sections/<name>/<job>.py       its CLIs: argument parsing and `run_and_record`, nothing else;
+    sections/<name>/<cli>.py       its CLIs: `main` alone, argument parsing and one call
+                                   (`pipeline.cli.record_run`, or `launch_or_work` for ranks);
                                    what they measure lives in the library or in a measuring
                                    module of the section, and no module imports a CLI
     sections/<name>/report.py      build(records, options, outputs) -> facts (`SectionReport`)
