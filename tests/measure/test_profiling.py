@@ -1,6 +1,7 @@
 """Profiling: device time by kernel and range, read from traces; the profile experiment."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -146,7 +147,7 @@ def test_nsys_records_skipped_with_the_reason_where_it_cannot_run(tmp_path, monk
 
 def test_nsys_captures_the_measured_range_only():
     argv = ["--size", "tiny", "--context-length", "16", "--mode", "forward"]
-    command = step_profile.nsys_command(profile.Path("r/x"), argv)
+    command = step_profile.nsys_command(Path("r/x"), argv)
     assert "--capture-range=nvtx" in command and f"--nvtx-capture={step_profile.MEASURED_RANGE}" in command
     assert command[-len(argv) - 1:] == [*argv, "--under-nsys"]
 

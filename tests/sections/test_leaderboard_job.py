@@ -8,6 +8,8 @@ import json
 import pytest
 import torch
 
+from cs336_systems.lm.model import train_step_flops
+from cs336_systems.lm.sizes import LEADERBOARD_SHAPES
 from cs336_systems.sections.leaderboard import step_timing, time_leaderboard
 
 TINY = ["--shape", "tiny-8b", "--context-length", "16", "--check-tokens", "8",
@@ -61,8 +63,7 @@ def test_two_ranks_shard_train_and_check_with_gloo(tmp_path):
     assert metrics["check_grad_max_rel_diff"] < 1e-4
     assert metrics["check_loss_abs_diff"] < 1e-5
     # two sequences, one per rank: twice the FLOPs of one
-    one = time_leaderboard.train_step_flops(
-        time_leaderboard.LEADERBOARD_SHAPES["tiny-8b"], 1, 16)
+    one = train_step_flops(LEADERBOARD_SHAPES["tiny-8b"], 1, 16)
     assert metrics["model_flops"] == 2 * one
 
 
