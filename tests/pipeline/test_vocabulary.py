@@ -11,6 +11,7 @@ from cs336_systems.lm.attention import (
     attention_label,
     get_attention,
 )
+from cs336_systems.lm.loss import HEAD_LOSSES
 from cs336_systems.lm.model import MODEL_SIZES
 from cs336_systems.lm.optimizer import FLAT_OPTIMIZERS
 from cs336_systems.lm.precision import PRECISIONS
@@ -49,6 +50,7 @@ SCHEMA = project_yaml("workflow/schemas/config.schema.yaml")
     ("training_run", list(RUNS)),
     ("leaderboard_variant", list(LEADERBOARD_VARIANTS)),
     ("leaderboard_shape", list(LEADERBOARD_SHAPES)),
+    ("head_loss", list(HEAD_LOSSES)),
 ])
 def test_schema_enums_are_the_library_names(definition, names):
     assert SCHEMA["$defs"][definition]["enum"] == names

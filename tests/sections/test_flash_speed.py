@@ -377,9 +377,10 @@ def test_speed_facts_table_and_sentences(tmp_path):
     facts = _facts(tmp_path, speed)
     sp = facts["speed"]
     rows = speed_report.speed_rows(speed)
-    # the forward group's two targets (against SDPA flash and cuDNN) at its two shapes
-    assert sp["rows"] == len(rows) == 3 + 2 * 2 + 2 * 2 + 1 + 1
-    assert sp["measured"] == len(rows) - 5 and sp["met"] == 4 and sp["all_met"] is False
+    # the forward group's three targets (against SDPA flash, cuDNN and FlashAttention-4, which
+    # these records lack) at its two shapes
+    assert sp["rows"] == len(rows) == 3 + 3 * 2 + 2 * 2 + 1 + 1
+    assert sp["measured"] == len(rows) - 7 and sp["met"] == 4 and sp["all_met"] is False
     assert sp["rounds"] == 3
     unmet = {u["title"]: u for u in sp["unmet"]}
     assert len(sp["unmet"]) == 4
@@ -394,7 +395,7 @@ def test_speed_facts_table_and_sentences(tmp_path):
     assert facts["commits"]["speed"] == {"commits": ["abc", "def"], "mixed": True}
 
     text = " ".join(section_text("flash", facts, link_base=tmp_path).split())
-    assert "Of 13 rows, 4 meet their target, 4 miss it and 5 were not measured." in text
+    assert "Of 15 rows, 4 meet their target, 4 miss it and 7 were not measured." in text
     assert ("Unmet: leaderboard forward+backward (stretch) at 16x16384x64: 1.20x "
             "against ≤ 1x SDPA cuDNN, compiled, 1.20x above the bound.") in text
     assert ("Unmet: longest sequence forward+backward runs at 1x65536x64: 32768 against "
@@ -402,7 +403,8 @@ def test_speed_facts_table_and_sentences(tmp_path):
     assert ("Not measured, oom (plain PyTorch: CUDA out of memory.): forward+backward, "
             "seq ≥ 1024 at 1x4096x64.") in text
     assert ("Not measured, skipped (SDPA flash cannot run here: sm75): forward alone at "
-            "16x16384x64; forward alone at 16x16384x128.") in text
+            "16x16384x64; forward alone at 16x16384x128; forward alone (stretch) at 16x16384x64; "
+            "forward alone (stretch) at 16x16384x128.") in text
     assert ("The speed table mixes records from 2 commits (`abc`, `def`): its rows do not all "
             "come from the same code.") in text
     assert "| leaderboard forward+backward " in facts["speed"]["table"]
@@ -512,9 +514,9 @@ def test_a_long_speed_table_is_summarised_one_row_per_target(tmp_path, monkeypat
     speed = _speed_records(tmp_path)
     facts = _facts(tmp_path, speed)
     sp = facts["speed"]
-    assert sp["whole"] is False and sp["rows"] == 13
+    assert sp["whole"] is False and sp["rows"] == 15
     summary = speed_report.speed_summary(speed_report.speed_table(speed))
-    assert len(summary) == len(summary.drop_duplicates(["target", "bound"])) < 13
+    assert len(summary) == len(summary.drop_duplicates(["target", "bound"])) < 15
     stretch = summary.set_index("target").loc["leaderboard forward+backward (stretch)"]
     assert stretch["met"] == "0 of 1" and stretch["farthest miss"].startswith("1.20x at")
     text = " ".join(section_text("flash", facts, link_base=tmp_path).split())

@@ -1,8 +1,11 @@
 # leaderboard (8, 2026): one job per variant of the training step (sections/leaderboard/runs.py:
 # the stock parts, ours with every lever, ours with each lever off) in each of the preset's job
 # matrices (all layers on the leaderboard's GPUs, or a one-GPU proxy); a job of world_size GPUs
-# launches itself under torchrun. Then the section's tables and facts.
+# launches itself under torchrun. Beside them, one job times the LM head and its loss alone,
+# each way of taking them (ours, the whole logits, the stock fused losses) on the same inputs.
+# Then the section's tables and facts.
 
+from cs336_systems.lm.loss import KERNEL_MODULE as LOSS_KERNEL_MODULE
 from cs336_systems.sections.leaderboard.runs import VARIANTS as LEADERBOARD_VARIANTS
 
 BOARD = P["leaderboard"]
@@ -12,6 +15,7 @@ BOARD_RECORDS = [BOARD_RECORD.format(matrix=matrix["name"], variant=variant)
                  for matrix in BOARD["matrices"] for variant in matrix["variants"]]
 BOARD_CATEGORY = "8 Leaderboard (2026)"
 BOARD_WORLD = matrix_world_size(BOARD_MATRICES)
+BOARD_LOSS_RECORD = f"{RESULTS}/leaderboard_loss.json"
 
 
 rule leaderboard:
@@ -44,16 +48,39 @@ rule leaderboard:
         JOB_SCRIPT
 
 
+rule leaderboard_loss:
+    input:
+        sources("cs336_systems.sections.leaderboard.time_loss", LOSS_KERNEL_MODULE),
+    output:
+        BOARD_LOSS_RECORD,
+    log:
+        log_for(BOARD_LOSS_RECORD),
+    params:
+        job="experiment",
+        cli="cs336_systems.sections.leaderboard.time_loss",
+        args={**BOARD["loss"], "shape": BOARD["shape"], "precision": BOARD["precision"],
+              "device": DEVICE},
+    resources:
+        **measuring_job(),
+    conda:
+        SOFTWARE
+    script:
+        JOB_SCRIPT
+
+
 rule leaderboard_tables:
     input:
         **tables_inputs(
             "cs336_systems.sections.leaderboard.report",
             records=BOARD_RECORDS,
+            loss=[BOARD_LOSS_RECORD],
         ),
     output:
         facts=facts("leaderboard"),
         table=report(table("leaderboard"), caption=caption("leaderboard"),
                      category=BOARD_CATEGORY),
+        loss_table=report(table("leaderboard_loss"), caption=caption("leaderboard_loss"),
+                          category=BOARD_CATEGORY),
     log:
         f"{LOGS}/leaderboard_tables.log",
     params:

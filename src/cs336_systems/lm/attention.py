@@ -5,7 +5,9 @@ out of shape (..., seq, d_head): the model calls it on (batch, heads, seq, d_hea
 benchmark on (batch, seq, d). Register new ones (annotated, compiled, other kernels) in
 `ATTENTION_IMPLEMENTATIONS`; the config schema's enums, the CLIs' choices and the report's labels
 all read this registry. `sdpa` is SDPA with torch's own choice of backend; `sdpa-flash` and
-`sdpa-cudnn` pin one backend each (`unavailable_reason` says where one cannot run).
+`sdpa-cudnn` pin one backend each; `fa4` is FlashAttention-4 (the `flash-attn-4` package, CuTe
+DSL kernels for Hopper and Blackwell), a peer that is not installed by default
+(`unavailable_reason` says where one cannot run).
 """
 
 from __future__ import annotations
@@ -112,11 +114,15 @@ def unavailable_reason(name: str, q: Tensor, k: Tensor, v: Tensor,
                        is_causal: bool = False) -> str | None:
     """Why implementation `name` cannot run these inputs on this machine, or None if it can.
 
-    Only implementations pinned to one SDPA backend can be unavailable (a GPU too old, a build
-    without the backend, a head dimension it does not take); SDPA says so by raising at the
-    call, with its reasons as warnings just before. This runs one forward without autograd.
+    An optional package's kernel (`fa4`) says for itself; an implementation pinned to one SDPA
+    backend can be unavailable too (a GPU too old, a build without the backend, a head
+    dimension it does not take): SDPA says so by raising at the call, with its reasons as
+    warnings just before. This runs one forward without autograd.
     """
-    if not _lookup(name).pinned_backend:
+    attention = _lookup(name)
+    if attention.unavailable is not None:
+        return attention.unavailable(q)
+    if not attention.pinned_backend:
         return None
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always")
@@ -128,6 +134,46 @@ def unavailable_reason(name: str, q: Tensor, k: Tensor, v: Tensor,
             reasons = [" ".join(str(w.message).split()) for w in caught]
             first_line = str(error).splitlines()[0]
             return f"{attention_label(name)} cannot run here: " + "; ".join(reasons or [first_line])
+    return None
+
+
+def fa4_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    """FlashAttention-4's `flash_attn_func` (optional package `flash-attn-4`), which takes
+    (batch, seq, heads, d): (batch, heads, seq, d) inputs are passed as transposed views, a
+    (batch, seq, d) one with one head."""
+    from flash_attn.cute import flash_attn_func
+    if q.dim() == 3:
+        out = flash_attn_func(q[:, :, None], k[:, :, None], v[:, :, None], causal=is_causal)
+        return (out[0] if isinstance(out, tuple) else out)[:, :, 0]
+    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                          causal=is_causal)
+    return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+
+
+# What FlashAttention-4 takes (its interface module, flash_attn.cute.interface): Hopper or Blackwell, 16-bit
+# inputs, head dimensions that are multiples of 8 up to 256.
+FA4_CAPABILITIES = ((9, 0), (10, 0), (10, 3), (11, 0), (12, 0))
+FA4_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def fa4_unavailable_reason(q: Tensor) -> str | None:
+    """Why FlashAttention-4 cannot take `q` here (not installed, not a GPU it supports, a dtype
+    or head dimension it does not take), or None."""
+    try:
+        import flash_attn.cute  # noqa: F401
+    except ImportError as error:
+        return f"FlashAttention-4 is not installed (pip install flash-attn-4): {error}"
+    if q.device.type != "cuda":
+        return "FlashAttention-4 runs on CUDA GPUs only"
+    capability = torch.cuda.get_device_capability(q.device)
+    if capability not in FA4_CAPABILITIES:
+        return (f"FlashAttention-4 needs a Hopper or Blackwell GPU (sm90, sm100), not "
+                f"sm{capability[0]}{capability[1]}")
+    if q.dtype not in FA4_DTYPES:
+        return f"FlashAttention-4 takes bf16 or fp16 inputs, not {q.dtype}"
+    if q.shape[-1] % 8 or q.shape[-1] > 256:
+        return ("FlashAttention-4 takes head dimensions that are multiples of 8 up to 256, "
+                f"not {q.shape[-1]}")
     return None
 
 
@@ -172,6 +218,8 @@ class Attention:
     label: str
     kernel_module: str | None = None
     pinned_backend: bool = False  # one SDPA backend only: may not run on every machine
+    # an optional package's kernel: why it cannot take q here, or None
+    unavailable: Callable[[Tensor], str | None] | None = None
 
 
 ATTENTION_IMPLEMENTATIONS: dict[str, Attention] = {
@@ -186,6 +234,7 @@ ATTENTION_IMPLEMENTATIONS: dict[str, Attention] = {
                                    "cs336_systems.kernels.flash_triton"),
     "flash-pytorch": Attention(flash_pytorch_attention, "PyTorch FA2 (tiled)",
                                "cs336_systems.kernels.flash_pytorch"),
+    "fa4": Attention(fa4_attention, "FlashAttention-4", unavailable=fa4_unavailable_reason),
 }
 
 

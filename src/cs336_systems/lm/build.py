@@ -73,7 +73,7 @@ def cpu_unavailable_reason(attention: str, optimizer: str, compile_: bool,
         return "Triton's CPU interpreter cannot run bf16 tl.dot (triton-lang/triton#11584)"
     if compile_ and (triton or runs_triton(optimizer)):
         return "torch.compile cannot trace kernels run by Triton's CPU interpreter"
-    if attention == "sdpa-cudnn":
+    if attention in ("sdpa-cudnn", "fa4"):
         return f"{attention_label(attention)} needs CUDA"
     if optimizer == "torch-adamw-fused":
         return f"{optimizer_label(optimizer)} needs CUDA"

@@ -4,11 +4,19 @@ same loss of an LM head taken chunk by chunk, so that the logits never exist who
     loss = cross_entropy(model(ids), targets)                       # logits (batch, seq, vocab)
     loss = linear_cross_entropy(hidden, lm_head.weight, targets)    # (tokens, d) -> same loss
 
+`HEAD_LOSSES` names these beside the stock ones users take for the LM head and its loss
+(Liger Kernel's fused linear cross-entropy, Apple's Cut Cross-Entropy, optional packages), for
+the leaderboard's loss benchmark.
+
 At the 2026 leaderboard's shape (2 x 32768 tokens, vocab 151936) the fp32 logits alone are
 40 GB, and their gradient as much again; `linear_cross_entropy` holds one chunk's.
 """
 
 from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -119,3 +127,57 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
         kernel = hidden.is_cuda
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight,
                                      targets.reshape(-1), chunk, kernel)
+
+
+# --- the LM head and its loss, as users take it: a registry ---------------------------------
+
+def whole_logits_loss(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
+    """The model as written: the whole (tokens, vocab) logits, then the loss in fp32."""
+    return cross_entropy(hidden @ weight.T, targets)
+
+
+def liger_loss(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
+    """Liger Kernel's fused linear cross-entropy (optional package `liger-kernel`)."""
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    return liger_fused_linear_cross_entropy(hidden, weight, targets)
+
+
+def cut_cross_entropy_loss(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
+    """Apple's Cut Cross-Entropy (optional package `cut-cross-entropy`), its Triton kernels."""
+    from cut_cross_entropy import linear_cross_entropy as cce
+    return cce(hidden, weight, targets)
+
+
+@dataclass(frozen=True)
+class HeadLoss:
+    """One way to take (hidden (tokens, d), the head's weight (vocab, d), targets) -> the mean
+    loss: the callable, its label in tables, and the optional package it needs (import name,
+    pip name) with its Triton kernels, which run on CUDA only."""
+
+    fn: Callable[[Tensor, Tensor, Tensor], Tensor]
+    label: str
+    package: tuple[str, str] | None = None
+
+
+HEAD_LOSSES: dict[str, HeadLoss] = {
+    "whole-logits": HeadLoss(whole_logits_loss, "whole logits (as written)"),
+    "chunked": HeadLoss(linear_cross_entropy, "ours, chunked"),
+    "liger": HeadLoss(liger_loss, "Liger fused linear CE", ("liger_kernel", "liger-kernel")),
+    "cut-cross-entropy": HeadLoss(cut_cross_entropy_loss, "Cut Cross-Entropy",
+                                  ("cut_cross_entropy", "cut-cross-entropy")),
+}
+
+
+def head_loss_unavailable_reason(name: str, device: torch.device) -> str | None:
+    """Why loss `name` cannot run on `device` here (its package missing, a CPU), or None."""
+    if name not in HEAD_LOSSES:
+        raise ValueError(f"unknown LM-head loss {name!r}; allowed: {', '.join(HEAD_LOSSES)}")
+    loss = HEAD_LOSSES[name]
+    if loss.package is None:
+        return None
+    module, pip_name = loss.package
+    if importlib.util.find_spec(module) is None:
+        return f"{loss.label} is not installed (pip install {pip_name})"
+    if device.type != "cuda":
+        return f"{loss.label} runs Triton kernels on CUDA only"
+    return None

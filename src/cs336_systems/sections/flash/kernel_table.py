@@ -21,6 +21,7 @@ from cs336_systems.report.render import fmt
 from cs336_systems.sections.flash.kernel_variants import NEEDED, VARIANTS, variant_label
 
 OURS, ATOMIC, REFERENCE = "flash-triton", "flash-triton-atomic-dq", "sdpa-cudnn"
+PEER = "fa4"  # FlashAttention-4, the other stock kernel set beside cuDNN's, where installed
 KEY_TILE_KERNEL = "flash_bwd_kernel"  # ours whose work changes with atomic dQ
 PASSES = ("forward", "backward")
 KERNEL_COLUMNS = ["shape", "variant", "label", "kernel", "pass", "calls_per_step", "ms", "ms_std",
@@ -186,6 +187,9 @@ def shape_facts(record: dict) -> dict:
                               "kernel": record["metrics"]["binaries"].get("flash_fwd_kernel")}
             if ours_fwd and ref_fwd else None,
             "backward": backward, "gap": backward_gap(backward, rates),
+            # ours against FlashAttention-4, pass by pass, where it ran
+            "peer": {p: _compare(passes, OURS, PEER, p) for p in ("forward", "backward")}
+            if (PEER, "forward") in passes else None,
             "rates": rates, "recompute": recompute_facts(passes, record["metrics"]["binaries"]),
             "steps": len(record["metrics"]["kernels"][0]["step_ms"])
             if record["metrics"]["kernels"] else 0,
@@ -198,4 +202,5 @@ def kernel_facts(record_paths: list[str], csv: str) -> dict:
     records = [read_record(p) for p in record_paths]
     return {"shapes": [shape_facts(r) for r in records], "csv": csv,
             "ours_label": variant_label(OURS), "atomic_label": variant_label(ATOMIC),
-            "reference_label": variant_label(REFERENCE), "needed": NEEDED}
+            "reference_label": variant_label(REFERENCE), "peer_label": variant_label(PEER),
+            "needed": NEEDED}

@@ -18,7 +18,8 @@ from cs336_systems.lm.attention import attention_label
 VARIANTS = {"flash-triton": ("flash-triton", False),
             "flash-triton-atomic-dq": ("flash-triton", True),
             "sdpa-cudnn": ("sdpa-cudnn", False),
-            "sdpa-flash": ("sdpa-flash", False)}
+            "sdpa-flash": ("sdpa-flash", False),
+            "fa4": ("fa4", False)}  # FlashAttention-4, where installed
 NEEDED = {"forward": 2, "backward": 5}  # matmul units each pass needs
 # matmul units each of our kernels executes per forward+backward: see kernels/flash_triton.py
 OUR_MATMULS = {"flash_fwd_kernel": 2, "flash_bwd_dq_kernel": 3, "flash_bwd_prepare_kernel": 0,

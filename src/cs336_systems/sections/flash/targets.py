@@ -27,6 +27,9 @@ from cs336_systems.lm.sizes import MODEL_SIZES
 from cs336_systems.pipeline.cli import positive_int
 
 OURS = "flash-triton"
+# FlashAttention-4 (optional package flash-attn-4): the stock kernels beside cuDNN's on Hopper;
+# a machine without it records the targets against it as skipped
+PEER = "fa4"
 Shape = tuple[int, int, int]  # batch, sequence length, head dimension
 # the cold_compile group's child process: one compiled forward+backward from empty caches
 COLD_COMPILE_CLI = "cs336_systems.sections.flash.cold_compile"
@@ -207,14 +210,20 @@ TARGETS: tuple[Target, ...] = (
            AttentionRun("sdpa-flash")),
     Target("forward_vs_sdpa_cudnn", "forward alone", "forward", AttentionRun(OURS), "<=", 1.0,
            AttentionRun("sdpa-cudnn")),
+    Target("forward_vs_fa4", "forward alone", "forward", AttentionRun(OURS), "<=", 1.0,
+           AttentionRun(PEER), stretch=True),
     Target("long_vs_sdpa_cudnn", "forward+backward, long sequences", "long", AttentionRun(OURS),
            "<=", 1.0, AttentionRun("sdpa-cudnn")),
     Target("long_vs_sdpa_cudnn_stretch", "forward+backward, long sequences", "long",
            AttentionRun(OURS), "<=", 0.9, AttentionRun("sdpa-cudnn"), stretch=True),
+    Target("long_vs_fa4", "forward+backward, long sequences", "long", AttentionRun(OURS), "<=",
+           1.0, AttentionRun(PEER), stretch=True),
     Target("models_vs_sdpa_flash", "forward+backward, the models' heads", "model_shapes",
            AttentionRun(OURS), "<=", 1.0, AttentionRun("sdpa-flash")),
     Target("models_vs_sdpa_cudnn", "forward+backward, the models' heads", "model_shapes",
            AttentionRun(OURS), "<=", 1.0, AttentionRun("sdpa-cudnn"), stretch=True),
+    Target("models_vs_fa4", "forward+backward, the models' heads", "model_shapes",
+           AttentionRun(OURS), "<=", 1.0, AttentionRun(PEER), stretch=True),
     Target("batch_one_vs_sdpa_flash", "forward+backward, batch 1 at 4096", "batch_one",
            AttentionRun(OURS), "<=", 1.25, AttentionRun("sdpa-flash")),
     Target("models_graph_vs_sdpa_flash", "forward+backward, the models' heads, GPU time (CUDA "

@@ -18,6 +18,7 @@ import pandas as pd
 
 from cs336_systems.lm.sizes import LEADERBOARD_SHAPES
 from cs336_systems.report import facts, tables
+from cs336_systems.sections.leaderboard.loss_table import loss_facts
 from cs336_systems.sections.leaderboard.runs import (
     LEVERS,
     STOCK_NAMES,
@@ -340,8 +341,9 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
     everything = pd.concat([f.assign(matrix=name) for name, f in frames.items()],
                            ignore_index=True) if frames else pd.DataFrame()
     tables.write_table(everything, outputs["table"])
+    loss = loss_facts(records.get("loss", []), outputs.get("loss_table"))
     if everything.empty:
-        return {"measured": False, "matrices": [], "table_file": outputs["table"],
+        return {"measured": False, "matrices": [], "table_file": outputs["table"], "loss": loss,
                 "env": tables.env_summary(everything), "coverage": {}}
     assignment = options["assignment"]
     matrices = [matrix_facts(name, frame, assignment) for name, frame in frames.items()]
@@ -355,7 +357,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
         f"{proxy['world_size']} GPU): the {proxy['full_world_size']}-GPU step is not measured "
         "in this preset")
     return {
-        "measured": True, "matrices": matrices, "table_file": outputs["table"],
+        "measured": True, "matrices": matrices, "table_file": outputs["table"], "loss": loss,
         "env": tables.env_summary(everything),
         "coverage": {"leaderboard (2026)": facts.covered(everything, missing=missing,
                                                    anchor="leaderboard_2026")},

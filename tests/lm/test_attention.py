@@ -1,0 +1,36 @@
+"""The attention registry's optional peer, FlashAttention-4: where it cannot run, it says why
+instead of failing a job; where it can (a Hopper GPU with flash-attn-4), it agrees with SDPA."""
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DEVICE
+
+from cs336_systems.lm.attention import get_attention, unavailable_reason
+
+FA4_INSTALLED = importlib.util.find_spec("flash_attn") is not None
+
+
+def test_fa4_says_why_it_cannot_run_here_instead_of_failing():
+    q = torch.randn(2, 64, 64, device=DEVICE)  # fp32: never FlashAttention-4's
+    reason = unavailable_reason("fa4", q, q, q, True)
+    assert reason and "FlashAttention-4" in reason
+    if not FA4_INSTALLED:
+        assert "pip install flash-attn-4" in reason
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or not FA4_INSTALLED,
+                    reason="FlashAttention-4 runs on a Hopper or Blackwell GPU with flash-attn-4")
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_fa4_agrees_with_sdpa_on_strided_heads(is_causal):
+    fused = torch.randn(2, 256, 3, 4, 64, device=DEVICE, dtype=torch.bfloat16)
+    q, k, v = (fused[:, :, i].transpose(1, 2).requires_grad_() for i in range(3))
+    if reason := unavailable_reason("fa4", q, k, v, is_causal):
+        pytest.skip(reason)
+    out = get_attention("fa4")(q, k, v, is_causal)
+    reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                               is_causal=is_causal)
+    error = (out.float() - reference).norm() / reference.norm()
+    assert out.shape == q.shape and error < 2e-2
