@@ -108,7 +108,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         hidden_dtype, weight_dtype = ctx.dtypes
         grad_hidden, *grad_weight = ctx.saved_tensors
         dh = (grad_hidden * grad_loss).to(hidden_dtype) if ctx.needs_input_grad[0] else None
-        dw = (grad_weight[0] * grad_loss).to(weight_dtype) if grad_weight else None
+        dw = None
+        if grad_weight:  # a 16-bit dW is cast before it is scaled: no second fp32 copy of it
+            (dw,) = grad_weight
+            dw = dw * grad_loss if dw.dtype == weight_dtype else dw.to(weight_dtype).mul_(grad_loss)
         return dh, dw, None, None, None
 
 
