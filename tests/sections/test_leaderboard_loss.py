@@ -64,7 +64,7 @@ def test_ours_against_liger_gives_its_words_from_the_numbers(tmp_path, ours, wor
     assert liger["memory_ratio"] == pytest.approx(ours[2] / 2.0)
     assert f"against liger (100.0 ms, 2.00 GiB) it is {word}" in text
     assert f"so it {meets} the target of no slower at no more memory" in text
-    assert "The whole logits, as the model is written, take 300.0 ms" in text
+    assert "no more memory. The whole logits, as the model is written, take 300.0 ms" in text
     assert (tmp_path / "loss.csv").is_file()
 
 
