@@ -150,7 +150,7 @@ def fa4_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> T
     return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
 
 
-# What FlashAttention-4 takes (its interface module, flash_attn.cute.interface): Hopper or Blackwell, 16-bit
+# What FlashAttention-4 takes (its module flash_attn.cute.interface): Hopper or Blackwell, 16-bit
 # inputs, head dimensions that are multiples of 8 up to 256.
 FA4_CAPABILITIES = ((9, 0), (10, 0), (10, 3), (11, 0), (12, 0))
 FA4_DTYPES = (torch.bfloat16, torch.float16)

@@ -80,7 +80,8 @@ class AttentionRun:
 
 @dataclass(frozen=True)
 class Case:
-    """What a group's job measures: (batch, seq, d) shapes of q, k and v, a precision, causal or not."""
+    """What a group's job measures: (batch, seq, d) shapes of q, k and v, a precision, causal or
+    not."""
 
     shapes: tuple[tuple[int, int, int], ...]
     precision: str
