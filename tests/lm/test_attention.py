@@ -34,3 +34,23 @@ def test_fa4_agrees_with_sdpa_on_strided_heads(is_causal):
                                                is_causal=is_causal)
     error = (out.float() - reference).norm() / reference.norm()
     assert out.shape == q.shape and error < 2e-2
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or not FA4_INSTALLED,
+                    reason="FlashAttention-4 runs on a Hopper or Blackwell GPU with flash-attn-4")
+def test_fa4_compiles_as_one_operator_each_way():
+    """torch.compile sees `cs336::fa4_fwd` and `cs336::fa4_bwd` (no graph break), and the
+    compiled step's gradients are eager's."""
+    q = torch.randn(1, 4, 512, 128, device=DEVICE, dtype=torch.bfloat16)
+    if reason := unavailable_reason("fa4", q, q, q, True):
+        pytest.skip(reason)
+    attend = get_attention("fa4")
+    compiled = torch.compile(attend, fullgraph=True)
+    grads = []
+    for fn in (attend, compiled):
+        torch.manual_seed(0)
+        inputs = [torch.randn_like(q).requires_grad_() for _ in range(3)]
+        fn(*inputs, True).float().square().sum().backward()
+        grads.append([t.grad for t in inputs])
+    for eager, fused in zip(*grads):
+        assert torch.allclose(eager, fused)

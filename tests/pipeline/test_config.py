@@ -111,7 +111,7 @@ def test_the_fsdp_benchmark_is_cross_checked_like_ddp(config):
 def test_two_leaderboard_matrices_of_one_name_are_refused(config):
     matrices = config["defaults"]["leaderboard"]["matrices"]
     matrices[1]["name"] = matrices[0]["name"]
-    assert "leaderboard.matrices': two matrices share a name (full, full, proxy)" in _error(config)
+    assert "leaderboard.matrices': two matrices share a name (full, full, proxy, proxy-peers)" in _error(config)
 
 
 def test_an_integer_key_refuses_a_float(config):

@@ -138,16 +138,10 @@ def unavailable_reason(name: str, q: Tensor, k: Tensor, v: Tensor,
 
 
 def fa4_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
-    """FlashAttention-4's `flash_attn_func` (optional package `flash-attn-4`), which takes
-    (batch, seq, heads, d): (batch, heads, seq, d) inputs are passed as transposed views, a
-    (batch, seq, d) one with one head."""
-    from flash_attn.cute import flash_attn_func
-    if q.dim() == 3:
-        out = flash_attn_func(q[:, :, None], k[:, :, None], v[:, :, None], causal=is_causal)
-        return (out[0] if isinstance(out, tuple) else out)[:, :, 0]
-    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                          causal=is_causal)
-    return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+    """FlashAttention-4 (optional package `flash-attn-4`), through the custom operators of
+    `lm.fa4` (one opaque call each way under torch.compile)."""
+    from cs336_systems.lm.fa4 import fa4_attention as attend
+    return attend(q, k, v, is_causal)
 
 
 # What FlashAttention-4 takes (its module flash_attn.cute.interface): Hopper or Blackwell, 16-bit
@@ -234,7 +228,8 @@ ATTENTION_IMPLEMENTATIONS: dict[str, Attention] = {
                                    "cs336_systems.kernels.flash_triton"),
     "flash-pytorch": Attention(flash_pytorch_attention, "PyTorch FA2 (tiled)",
                                "cs336_systems.kernels.flash_pytorch"),
-    "fa4": Attention(fa4_attention, "FlashAttention-4", unavailable=fa4_unavailable_reason),
+    "fa4": Attention(fa4_attention, "FlashAttention-4", "cs336_systems.lm.fa4",
+                     unavailable=fa4_unavailable_reason),
 }
 
 

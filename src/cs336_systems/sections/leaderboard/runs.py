@@ -120,18 +120,24 @@ VARIANTS: dict[str, LeaderboardVariant] = {
         OURS, attention="sdpa-cudnn", optimizer="adamw-offloaded", selective_share=share / 100,
         others="all-but-attention")
        for share in (10, 20)},
+    # FlashAttention-4 (optional package flash-attn-4) in place of the attention kernel, in the
+    # stock step and in ours: the stock kernels that beat cuDNN at long sequences on Hopper
+    "stock-fa4": replace(STOCK, attention="fa4"),
+    "ours-but-fa4": replace(OURS, attention="fa4"),
     "plain": PLAIN,
 }
 
 
 # how the prose names each stock step
-STOCK_NAMES = {"stock": "the stock parts", "stock-hf": "Hugging Face's Llama with the stock parts"}
+STOCK_NAMES = {"stock": "the stock parts", "stock-hf": "Hugging Face's Llama with the stock parts",
+               "stock-fa4": "the stock parts with FlashAttention-4"}
 
 
 def variant_label(name: str) -> str:
     """A variant's name in tables: what it changes from `ours` or `stock`."""
-    if name in ("stock", "stock-hf", "ours", "plain"):
+    if name in ("stock", "stock-hf", "stock-fa4", "ours", "plain"):
         return {"stock": "stock parts", "stock-hf": "stock parts, Hugging Face's Llama",
+                "stock-fa4": "stock parts, FlashAttention-4",
                 "ours": "ours, every lever", "plain": "the model as written"}[name]
     variant = VARIANTS.get(name)
     if variant is None:
