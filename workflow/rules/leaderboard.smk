@@ -15,7 +15,7 @@ BOARD_RECORDS = [BOARD_RECORD.format(matrix=matrix["name"], variant=variant)
                  for matrix in BOARD["matrices"] for variant in matrix["variants"]]
 BOARD_CATEGORY = "8 Leaderboard (2026)"
 BOARD_WORLD = matrix_world_size(BOARD_MATRICES)
-BOARD_LOSS_RECORD = f"{RESULTS}/leaderboard_loss.json"
+BOARD_LOSS_RECORD = f"{RESULTS}/leaderboard_loss/{BOARD['shape']}.json"  # a folder of its own
 
 
 rule leaderboard:
