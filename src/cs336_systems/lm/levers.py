@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from cs336_systems.lm.attention import get_attention
-from cs336_systems.lm.loss import cross_entropy, linear_cross_entropy
+from cs336_systems.lm.loss import HEAD_LOSSES, cross_entropy, linear_cross_entropy
 from cs336_systems.lm.model import (
     RECOMPUTE,
     CausalSelfAttention,
@@ -97,12 +97,18 @@ class LanguageModelLoss(nn.Module):
     in fp32 over them, as the model is written. Being a module, it can be the root that FSDP
     shards (the head's weight is gathered around this forward)."""
 
-    def __init__(self, model: TransformerLM, chunked: bool = False):
+    def __init__(self, model: TransformerLM, chunked: bool = False,
+                 head_loss: str | None = None):
         super().__init__()
         self.model = model
         self.chunked = chunked
+        self.head_loss = head_loss  # a name of lm.loss.HEAD_LOSSES in place of ours (a peer's)
 
     def forward(self, token_ids: Tensor, targets: Tensor) -> Tensor:
+        if self.head_loss is not None:
+            hidden = self.model.hidden(token_ids)
+            return HEAD_LOSSES[self.head_loss].fn(hidden.reshape(-1, hidden.shape[-1]),
+                                                  self.model.lm_head.weight, targets.reshape(-1))
         if not self.chunked:
             return cross_entropy(self.model(token_ids), targets)
         return linear_cross_entropy(self.model.hidden(token_ids), self.model.lm_head.weight,
@@ -116,12 +122,12 @@ def plain(model: TransformerLM, lm_loss: LanguageModelLoss,
     whole logits; the same parameters. Restores the levers on exit."""
     layers = [m for m in model.modules() if isinstance(m, CheckpointedLayer)]
     kernels = {m: m.attention for m in model.modules() if isinstance(m, CausalSelfAttention)}
-    chunked = lm_loss.chunked
+    chunked, head_loss = lm_loss.chunked, lm_loss.head_loss
     try:
         for layer in layers:
             layer.enabled = False
         set_attention(model, attention)
-        lm_loss.chunked = False
+        lm_loss.chunked, lm_loss.head_loss = False, None
         with torch.compiler.set_stance("force_eager"):
             yield
     finally:
@@ -129,4 +135,4 @@ def plain(model: TransformerLM, lm_loss: LanguageModelLoss,
             layer.enabled = True
         for module, fn in kernels.items():
             module.attention = fn
-        lm_loss.chunked = chunked
+        lm_loss.chunked, lm_loss.head_loss = chunked, head_loss

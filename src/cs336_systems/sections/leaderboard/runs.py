@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cs336_systems.lm.attention import attention_label, attention_modules
-from cs336_systems.lm.loss import KERNEL_MODULE
+from cs336_systems.lm.loss import HEAD_LOSSES, KERNEL_MODULE
 from cs336_systems.lm.optimizer import optimizer_label, optimizer_modules
 
 
@@ -34,6 +34,8 @@ class LeaderboardVariant:
     # matmuls' outputs; the others recompute as `others` says (lm.levers.apply_layer_levers)
     selective_share: float = 1.0
     others: str = "all"
+    # a stock LM head and loss in place of ours (a name of lm.loss.HEAD_LOSSES), or None
+    head_loss: str | None = None
 
     def modules(self) -> list[str]:
         """Package modules the variant imports lazily (its rule's sources)."""
@@ -124,6 +126,8 @@ VARIANTS: dict[str, LeaderboardVariant] = {
     # stock step and in ours: the stock kernels that beat cuDNN at long sequences on Hopper
     "stock-fa4": replace(STOCK, attention="fa4"),
     "ours-but-fa4": replace(OURS, attention="fa4"),
+    # Liger Kernel's fused linear cross-entropy (optional package liger-kernel) for ours
+    "ours-but-liger-loss": replace(OURS, chunked_loss=False, head_loss="liger"),
     "plain": PLAIN,
 }
 
@@ -143,7 +147,10 @@ def variant_label(name: str) -> str:
     if variant is None:
         return name
     changed = [lever.describe(getattr(variant, lever.name)) for lever in LEVERS
-               if getattr(variant, lever.name) != lever.ours]
+               if getattr(variant, lever.name) != lever.ours
+               and not (lever.name == "chunked_loss" and variant.head_loss)]
+    if variant.head_loss:
+        changed.append(f"LM head and loss {HEAD_LOSSES[variant.head_loss].label}")
     if variant.recompute == "elementwise" and variant.selective_share < 1:
         others = {"all": "checkpointed whole",
                   "all-but-attention": "keep attention's outputs"}[variant.others]

@@ -16,6 +16,7 @@ from cs336_systems.distributed.fully_shard import fully_shard_layers
 from cs336_systems.lm.attention import fa4_unavailable_reason
 from cs336_systems.lm.build import cpu_unavailable_reason
 from cs336_systems.lm.levers import LanguageModelLoss, apply_layer_levers, plain
+from cs336_systems.lm.loss import head_loss_unavailable_reason
 from cs336_systems.lm.model import TransformerLM, train_step_flops
 from cs336_systems.lm.optimizer import build_optimizer, is_per_layer, layer_groups
 from cs336_systems.lm.precision import PRECISIONS, autocast_context
@@ -55,7 +56,8 @@ def build(run: LeaderboardVariant, config: dict, device: torch.device, world_siz
                               config["layers"] or spec.num_layers, spec.num_heads, spec.d_ff,
                               attention=run.attention, device=device)
         apply_layer_levers(model, run.recompute, run.compile, run.selective_share, run.others)
-        lm_loss, layers = LanguageModelLoss(model, chunked=run.chunked_loss), model.layers
+        lm_loss = LanguageModelLoss(model, chunked=run.chunked_loss, head_loss=run.head_loss)
+        layers = model.layers
     if world_size > 1:
         dtype = PRECISIONS[config["precision"]]
         fully_shard_layers(lm_loss, layers, device, None if dtype == torch.float32 else dtype)
@@ -144,6 +146,9 @@ def skip_reason(run: LeaderboardVariant, config: dict) -> str | None:
     if config["backend"] == "gloo":
         return cpu_unavailable_reason(run.attention, run.optimizer, run.compile,
                                       config["precision"])
+    device = torch.device("cpu" if config["backend"] == "gloo" else "cuda")
+    if run.head_loss and (reason := head_loss_unavailable_reason(run.head_loss, device)):
+        return reason
     if run.attention == "fa4":  # the optional package, on a GPU it supports
         spec = shape_of(config)
         q = torch.empty(0, 1, 1, spec.d_model // spec.num_heads, device="cuda",
