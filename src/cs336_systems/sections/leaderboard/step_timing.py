@@ -143,12 +143,12 @@ def skip_reason(run: LeaderboardVariant, config: dict) -> str | None:
         from cs336_systems.lm.hf_llama import unavailable_reason
         if reason := unavailable_reason():
             return reason
+    device = torch.device("cpu" if config["backend"] == "gloo" else "cuda")
+    if run.head_loss and (reason := head_loss_unavailable_reason(run.head_loss, device)):
+        return reason  # a peer's loss first: the reason names its package
     if config["backend"] == "gloo":
         return cpu_unavailable_reason(run.attention, run.optimizer, run.compile,
                                       config["precision"])
-    device = torch.device("cpu" if config["backend"] == "gloo" else "cuda")
-    if run.head_loss and (reason := head_loss_unavailable_reason(run.head_loss, device)):
-        return reason
     if run.attention == "fa4":  # the optional package, on a GPU it supports
         spec = shape_of(config)
         q = torch.empty(0, 1, 1, spec.d_model // spec.num_heads, device="cuda",
