@@ -25,17 +25,18 @@ def loss_frame(record: dict) -> pd.DataFrame:
 
 
 def loss_display(frame: pd.DataFrame) -> pd.DataFrame:
-    def ok(column, digits):
-        return [fmt(v, digits) if s == "ok" else "" for v, s in zip(frame[column], frame["status"])]
+    def ok(column, digits=None):  # errors in significant digits: they span decades
+        shown = tables.format_number if digits is None else (lambda v: fmt(v, digits))
+        return [shown(v) if s == "ok" else "" for v, s in zip(frame[column], frame["status"])]
     return pd.DataFrame({
         "LM head and loss": frame["label"], "status": frame["status"],
         "forward+backward ms": [tables.mean_pm_std(m, s) if st == "ok" else ""
                                 for m, s, st in zip(frame["step_ms_mean"], frame["step_ms_std"],
                                                     frame["status"])],
         "added GiB": ok("added_gib", 2),
-        "loss |diff|": ok("loss_abs_diff", 4),
-        "dhidden rel diff": ok("grad_hidden_rel_diff", 4),
-        "dW rel diff": ok("grad_weight_rel_diff", 4)})
+        "loss |diff|": ok("loss_abs_diff"),
+        "dhidden rel diff": ok("grad_hidden_rel_diff"),
+        "dW rel diff": ok("grad_weight_rel_diff")})
 
 
 def _versus(ours: pd.Series, other: pd.Series) -> dict:
