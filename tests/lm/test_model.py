@@ -217,3 +217,25 @@ def test_all_but_attention_recomputes_the_matmuls_and_keeps_attention():
 def test_unknown_recompute_names_the_allowed_ones():
     with pytest.raises(ValueError, match="allowed: all, elementwise, all-but-attention"):
         build_model("tiny", context_length=16, checkpoint_block_size=1, recompute="some")
+
+
+def test_selective_policies_keep_every_attention_operator():
+    """The custom forward operators of our Triton kernel and of FlashAttention-4 are kept like
+    SDPA's (a name missing here once had "elementwise" redo FlashAttention-4's forward in
+    backward); the matmuls are kept by "elementwise" alone."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    import cs336_systems.lm.fa4  # noqa: F401  registers cs336::fa4_fwd; the package loads on call
+    from cs336_systems.kernels import flash_triton  # noqa: F401  registers cs336::flash_attn_fwd
+    from cs336_systems.lm import model
+
+    attention_ops = (torch.ops.cs336.fa4_fwd.default, torch.ops.cs336.flash_attn_fwd.default,
+                     torch.ops.aten._scaled_dot_product_cudnn_attention.default)
+    for op in attention_ops:
+        assert model._save_matmuls(None, op) == CheckpointPolicy.MUST_SAVE, op
+        assert model._save_attention(None, op) == CheckpointPolicy.MUST_SAVE, op
+    mm = torch.ops.aten.mm.default
+    assert model._save_matmuls(None, mm) == CheckpointPolicy.MUST_SAVE
+    assert model._save_attention(None, mm) == CheckpointPolicy.PREFER_RECOMPUTE
+    assert model._save_attention(None, torch.ops.cs336.fa4_bwd.default) \
+        == CheckpointPolicy.PREFER_RECOMPUTE

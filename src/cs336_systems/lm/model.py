@@ -177,11 +177,14 @@ ATTENTION_OPS = frozenset((
     torch.ops.aten._scaled_dot_product_cudnn_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
 ))
+# The forward operators of our Triton kernel (kernels/flash_triton.py) and of FlashAttention-4
+# (lm/fa4.py), by name: importing them here would import Triton.
+CUSTOM_ATTENTION_OPS = frozenset(("cs336.flash_attn_fwd", "cs336.fa4_fwd"))
 
 
 def _is_attention(op) -> bool:
-    """SDPA's fused kernels and our FlashAttention operator (`cs336.flash_attn_fwd`)."""
-    return op in ATTENTION_OPS or str(op).startswith("cs336.flash_attn_fwd")
+    """SDPA's fused kernels and the attention registry's custom forward operators."""
+    return op in ATTENTION_OPS or str(op).rsplit(".", 1)[0] in CUSTOM_ATTENTION_OPS
 
 
 def _save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
