@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from cs336_systems.lm.loss import cross_entropy, linear_cross_entropy
+from cs336_systems.lm.loss import cross_entropy, default_chunk, linear_cross_entropy
 
 
 def _case(tokens=(3, 11), d=24, vocab=101, dtype=torch.float32, seed=0):
@@ -26,7 +26,7 @@ def _plain(h, w, t):
     return cross_entropy(h @ w.T, t)
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 33, 4096])
+@pytest.mark.parametrize("chunk", [1, 7, 33, 4096, None])
 def test_matches_plain_cross_entropy_in_fp32(chunk):
     """Chunks of 1 token, of sizes that do not divide the 33 tokens, and one chunk for all."""
     case = _case()
@@ -76,3 +76,36 @@ def test_shapes_that_disagree_say_so():
         linear_cross_entropy(hidden, weight, targets[:, :3])
     with pytest.raises(ValueError, match="at least 1 token"):
         linear_cross_entropy(hidden, weight, targets, chunk=0)
+
+
+def test_a_16_bit_weight_accumulates_its_gradient_in_its_dtype():
+    """A bf16 head keeps no fp32 (vocab, d) buffer (Liger's memory); dW stays within bf16
+    rounding of the float64 gradient, chunk after chunk."""
+    hidden, weight, targets = _case(tokens=(4, 64), d=32, vocab=257, seed=3)
+    expected = _grads(_plain, hidden.double(), weight.double(), targets)
+    h16, w16 = (t.detach().bfloat16() for t in (hidden, weight))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        got = _grads(lambda h, w, t: linear_cross_entropy(h, w, t, chunk=16), h16, w16, targets)
+    assert [t.dtype for t in saved] == [torch.bfloat16, torch.bfloat16], saved
+    assert got[2].dtype == torch.bfloat16
+    for out, ref in zip(got, expected):
+        assert ((out.double() - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_backward_runs_once():
+    hidden, weight, targets = _case(seed=4)
+    loss = linear_cross_entropy(hidden, weight, targets)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="runs once"):
+        loss.backward()
+
+
+@pytest.mark.parametrize("tokens,d,vocab,expected", [
+    (32768, 4096, 151936, 1024),   # the 2026 leaderboard: 38 vocab rows a hidden row
+    (33, 24, 101, 8),
+    (1, 24, 101, 1),
+    (64, 128, 100, 64),            # a vocabulary smaller than d: one chunk
+])
+def test_a_chunks_logits_are_about_the_hidden_states_size(tokens, d, vocab, expected):
+    assert default_chunk(tokens, d, vocab) == expected

@@ -9,7 +9,8 @@ same loss of an LM head taken chunk by chunk, so that the logits never exist who
 the leaderboard's loss benchmark.
 
 At the 2026 leaderboard's shape (2 x 32768 tokens, vocab 151936) the fp32 logits alone are
-40 GB, and their gradient as much again; `linear_cross_entropy` holds one chunk's.
+40 GB, and their gradient as much again; `linear_cross_entropy` holds one chunk's, a chunk no
+larger than the hidden states (`default_chunk`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-# Tokens per chunk of `linear_cross_entropy`: 4096 x 151936 fp32 logits are 2.5 GB.
-CHUNK_TOKENS = 4096
 # The kernel the chunked loss imports lazily on CUDA (Triton only when used): a rule whose job
 # runs the chunked loss lists it among its sources.
 KERNEL_MODULE = "cs336_systems.kernels.cross_entropy"
@@ -33,6 +32,14 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     logits = logits.float()
     target_logits = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return (logits.logsumexp(dim=-1) - target_logits).mean()
+
+
+def default_chunk(tokens: int, d_model: int, vocab: int) -> int:
+    """Tokens per chunk: the power of two at or above tokens / ceil(vocab / d_model), so that a
+    chunk's logits are about the size of the hidden states (1024 of 32768 tokens at d 4096 and
+    vocab 151936: 0.3 GiB of bf16 logits at a time), as Liger's fused loss sizes its chunks."""
+    per_row = -(-vocab // d_model)
+    return 1 << max(0, (-(-tokens // per_row) - 1).bit_length())
 
 
 def _compute_dtype(hidden: Tensor) -> torch.dtype:
@@ -69,9 +76,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """mean_i CE(hidden_i W^T, target_i), chunk by chunk of tokens. The gradients are taken in
     the forward, while a chunk's logits exist (softmax minus the one-hot target, over the token
     count), as Liger-Kernel's fused linear cross-entropy does; the backward only scales them by
-    the incoming gradient. Matmuls run in the autocast dtype, softmax and sums in fp32, and dW
-    accumulates in fp32. With `kernel`, a chunk's loss and gradient are one Triton pass over
-    its logits, in place (`softmax_cross_entropy_`); else PyTorch ops in fp32."""
+    the incoming gradient, in place. Matmuls run in the autocast dtype, softmax and sums in
+    fp32, and dW accumulates in the weight's dtype: in fp32 for the training step's fp32
+    weights; for a 16-bit weight in its dtype, rounded once a chunk, so that the loss holds no
+    more than the gradients it returns and one chunk's logits. With `kernel`, a chunk's loss
+    and gradient are one Triton pass over its logits, in place (`softmax_cross_entropy_`);
+    else PyTorch ops in fp32."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int,
@@ -83,8 +93,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(dtype)                                      # (vocab, d)
             grad_hidden = torch.empty(hidden.shape, dtype=dtype, device=hidden.device)
-            grad_weight = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-                           if ctx.needs_input_grad[1] else None)
+            grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
             total = torch.zeros((), dtype=torch.float32, device=hidden.device)
             for start in range(0, tokens, chunk):
                 h = hidden[start:start + chunk].to(dtype)             # (c, d)
@@ -100,32 +109,34 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 if grad_weight is not None:
                     _accumulate(grad_weight, grad.T, h)
         ctx.save_for_backward(grad_hidden, *([grad_weight] if grad_weight is not None else []))
-        ctx.dtypes = hidden.dtype, weight.dtype
+        ctx.hidden_dtype, ctx.used = hidden.dtype, False
         return total / tokens
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
-        hidden_dtype, weight_dtype = ctx.dtypes
+        if ctx.used:
+            raise RuntimeError("linear_cross_entropy's backward runs once: it scales the "
+                               "gradients it saved in place")
+        ctx.used = True
         grad_hidden, *grad_weight = ctx.saved_tensors
-        dh = (grad_hidden * grad_loss).to(hidden_dtype) if ctx.needs_input_grad[0] else None
-        dw = None
-        if grad_weight:  # a 16-bit dW is cast before it is scaled: no second fp32 copy of it
-            (dw,) = grad_weight
-            dw = dw * grad_loss if dw.dtype == weight_dtype else dw.to(weight_dtype).mul_(grad_loss)
+        dh = grad_hidden.mul_(grad_loss).to(ctx.hidden_dtype) if ctx.needs_input_grad[0] else None
+        dw = grad_weight[0].mul_(grad_loss) if grad_weight else None
         return dh, dw, None, None, None
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
-                         chunk: int = CHUNK_TOKENS, kernel: bool | None = None) -> Tensor:
+                         chunk: int | None = None, kernel: bool | None = None) -> Tensor:
     """cross_entropy(hidden @ weight^T, targets) without the whole logits: hidden (..., d),
     weight (vocab, d) as `Linear` holds it, targets (...) int64 in [0, vocab); `chunk` tokens
-    at a time. `kernel`: a chunk's softmax and gradient in one Triton pass (default: on CUDA),
-    else in PyTorch ops."""
-    if chunk < 1:
+    at a time (default: `default_chunk`). `kernel`: a chunk's softmax and gradient in one
+    Triton pass (default: on CUDA), else in PyTorch ops."""
+    if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be at least 1 token; got {chunk}")
     if hidden.shape[:-1] != targets.shape or hidden.shape[-1] != weight.shape[-1]:
         raise ValueError(f"hidden (..., d), weight (vocab, d) and targets (...) must agree; got "
                          f"{tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}")
+    if chunk is None:
+        chunk = default_chunk(targets.numel(), weight.shape[1], weight.shape[0])
     if kernel is None:
         kernel = hidden.is_cuda
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight,
