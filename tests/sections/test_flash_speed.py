@@ -46,7 +46,7 @@ def test_every_group_has_targets_and_every_target_a_group():
 
 def test_the_leaderboard_group_times_ours_and_both_sdpa_backends_compiled():
     assert [i.key for i in group_runs("leaderboard")] == [
-        "flash-triton+compile", "sdpa-flash+compile", "sdpa-cudnn+compile"]
+        "flash-triton+compile", "sdpa-flash+compile", "sdpa-cudnn+compile", "fa4+compile"]
     assert [i.key for i in group_runs("pytorch_sweep")] == [
         "flash-triton", "eager", "eager+compile"]
 
@@ -367,9 +367,9 @@ def test_within_spread_when_the_bound_lies_inside_the_noise(tmp_path):
     assert rows["leaderboard_vs_sdpa_flash"]["meets_target"] is True
     assert rows["leaderboard_vs_sdpa_flash"]["within_spread"] is False
     shown = speed_report.speed_display(speed_report.speed_table([path]))
-    assert list(shown["meets_target"]) == ["true", "false", "false"]
-    assert list(shown["bound within spread"]) == ["false", "true", "true"]
-    assert list(shown["ratio"]) == ["0.68x", "", "1.01x"]
+    assert list(shown["meets_target"]) == ["true", "false", "false", ""]  # fa4 not measured
+    assert list(shown["bound within spread"]) == ["false", "true", "true", ""]
+    assert list(shown["ratio"]) == ["0.68x", "", "1.01x", ""]
 
 
 def test_speed_facts_table_and_sentences(tmp_path):
@@ -377,10 +377,10 @@ def test_speed_facts_table_and_sentences(tmp_path):
     facts = _facts(tmp_path, speed)
     sp = facts["speed"]
     rows = speed_report.speed_rows(speed)
-    # the forward group's three targets (against SDPA flash, cuDNN and FlashAttention-4, which
-    # these records lack) at its two shapes
-    assert sp["rows"] == len(rows) == 3 + 3 * 2 + 2 * 2 + 1 + 1
-    assert sp["measured"] == len(rows) - 7 and sp["met"] == 4 and sp["all_met"] is False
+    # the leaderboard's and the forward group's targets against FlashAttention-4, which these
+    # records lack; the forward group's three at its two shapes
+    assert sp["rows"] == len(rows) == 4 + 3 * 2 + 2 * 2 + 1 + 1
+    assert sp["measured"] == len(rows) - 8 and sp["met"] == 4 and sp["all_met"] is False
     assert sp["rounds"] == 3
     unmet = {u["title"]: u for u in sp["unmet"]}
     assert len(sp["unmet"]) == 4
@@ -395,7 +395,7 @@ def test_speed_facts_table_and_sentences(tmp_path):
     assert facts["commits"]["speed"] == {"commits": ["abc", "def"], "mixed": True}
 
     text = " ".join(section_text("flash", facts, link_base=tmp_path).split())
-    assert "Of 15 rows, 4 meet their target, 4 miss it and 7 were not measured." in text
+    assert "Of 16 rows, 4 meet their target, 4 miss it and 8 were not measured." in text
     assert ("Unmet: leaderboard forward+backward (stretch) at 16x16384x64: 1.20x "
             "against ≤ 1x SDPA cuDNN, compiled, 1.20x above the bound.") in text
     assert ("Unmet: longest sequence forward+backward runs at 1x65536x64: 32768 against "
@@ -415,11 +415,11 @@ def test_every_target_met(tmp_path):
     ours = "flash-triton+compile"
     path = _record(tmp_path, "leaderboard", [
         _measured(ours, LB, 4.0), _measured("sdpa-flash+compile", LB, 6.0),
-        _measured("sdpa-cudnn+compile", LB, 4.5)], [LB])
+        _measured("sdpa-cudnn+compile", LB, 4.5), _measured("fa4+compile", LB, 4.2)], [LB])
     facts = _facts(tmp_path, [path])
     assert facts["speed"]["all_met"] is True and facts["speed"]["unmet"] == []
     text = " ".join(section_text("flash", facts, link_base=tmp_path).split())
-    assert "Of 3 rows, 3 meet their target, 0 miss it and 0 were not measured." in text
+    assert "Of 4 rows, 4 meet their target, 0 miss it and 0 were not measured." in text
     assert "Every target is met." in text
     assert "Every record of the speed table comes from commit `abc`." in text
 
@@ -514,10 +514,11 @@ def test_a_long_speed_table_is_summarised_one_row_per_target(tmp_path, monkeypat
     speed = _speed_records(tmp_path)
     facts = _facts(tmp_path, speed)
     sp = facts["speed"]
-    assert sp["whole"] is False and sp["rows"] == 15
+    assert sp["whole"] is False and sp["rows"] == 16
     summary = speed_report.speed_summary(speed_report.speed_table(speed))
     assert len(summary) == len(summary.drop_duplicates(["target", "bound"])) < 15
-    stretch = summary.set_index("target").loc["leaderboard forward+backward (stretch)"]
+    stretch = summary[(summary["target"] == "leaderboard forward+backward (stretch)")
+                      & summary["bound"].str.contains("cuDNN")].iloc[0]
     assert stretch["met"] == "0 of 1" and stretch["farthest miss"].startswith("1.20x at")
     text = " ".join(section_text("flash", facts, link_base=tmp_path).split())
     assert "the speed table's CSV" in text and "Unmet:" not in text

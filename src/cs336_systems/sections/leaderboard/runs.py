@@ -126,6 +126,7 @@ VARIANTS: dict[str, LeaderboardVariant] = {
     # stock step and in ours: the stock kernels that beat cuDNN at long sequences on Hopper
     "stock-fa4": replace(STOCK, attention="fa4"),
     "ours-but-fa4": replace(OURS, attention="fa4"),
+    "ours-but-fa4-offloaded": replace(OURS, attention="fa4", optimizer="adamw-offloaded"),
     # Liger Kernel's fused linear cross-entropy (optional package liger-kernel) for ours
     "ours-but-liger-loss": replace(OURS, chunked_loss=False, head_loss="liger"),
     "plain": PLAIN,
