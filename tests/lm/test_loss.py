@@ -109,3 +109,25 @@ def test_backward_runs_once():
 ])
 def test_a_chunks_logits_are_about_the_hidden_states_size(tokens, d, vocab, expected):
     assert default_chunk(tokens, d, vocab) == expected
+
+
+def test_every_chunks_logits_reuse_one_buffer():
+    """The chunks' logits share one (chunk, vocab) buffer, so that no two chunks' logits are
+    alive at once (a new tensor each chunk would be allocated before the last one is freed)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Storages(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.pointers = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket is torch.ops.aten.mm and out.shape[-1] == 999:
+                self.pointers.append(out.untyped_storage().data_ptr())
+            return out
+
+    hidden, weight, targets = _case(tokens=(4, 16), vocab=999, seed=5)
+    with Storages() as mode:
+        linear_cross_entropy(hidden, weight, targets, chunk=8, kernel=False)
+    assert len(mode.pointers) == 8 and len(set(mode.pointers)) == 1, mode.pointers

@@ -95,10 +95,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_hidden = torch.empty(hidden.shape, dtype=dtype, device=hidden.device)
             grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
             total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            # one chunk's logits, reused: a fresh tensor each chunk would live beside the last
+            buffer = torch.empty((min(chunk, tokens), w.shape[0]), dtype=dtype, device=w.device)
             for start in range(0, tokens, chunk):
                 h = hidden[start:start + chunk].to(dtype)             # (c, d)
                 t = targets[start:start + chunk]
-                logits = h @ w.T                                      # (c, vocab)
+                logits = torch.mm(h, w.T, out=buffer[:len(h)])        # (c, vocab)
                 if kernel:
                     losses, grad = softmax_cross_entropy_(logits, t, 1.0 / tokens), logits
                 else:
