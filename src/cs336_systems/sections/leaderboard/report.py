@@ -4,7 +4,7 @@ the gap to the FLOP floor, the input/output check and the from-empty-caches wall
 `build(records, options, outputs)` reads one record per variant (`runs.VARIANTS`) in each job
 matrix (the records' folder: `leaderboard/<matrix>/<variant>.json`), writes every row to
 `table` and returns the facts of the section's template, one entry per matrix. Every comparison
-is against a variant of the same matrix: ours against the faster stock step, each `ours-but-...`
+is against a variant of the same matrix: ours against the fastest stock step, each `ours-but-...`
 against ours. `options["assignment"]` is the leaderboard's own setting (the config's defaults,
 whose first matrix is the real run); a matrix with fewer layers or GPUs is a proxy, and the
 facts say so.
@@ -44,7 +44,7 @@ METRICS = [*(f"step_ms_{s}" for s in STATS), *(f"{p}_ms_median" for p in
 CHECK_TOLERANCE = {"bf16": {"loss": 1e-2, "grad": 5e-2}, "fp16": {"loss": 1e-2, "grad": 5e-2},
                    "fp32": {"loss": 1e-5, "grad": 1e-4}}
 WALL_LIMIT_S = 600      # the leaderboard's rule: from empty caches in under 10 minutes
-TARGET_RATIO = 0.75     # the proxy's target against the faster stock step
+TARGET_RATIO = 0.75     # the proxy's target against the fastest stock step
 TARGET_MS = 4400        # the full shape's target on two H200s, a step's median (issue 47)
 TARGET_GPU = "H200"     # ... which holds where the matrix ran on these
 CLASS_BEST_MS = 3837    # the assignment's best entry, two B200s (quoted, not measured here)
