@@ -72,3 +72,15 @@ def test_no_loss_record_says_nothing_in_the_writeup(tmp_path):
     facts = section.build({"records": []}, {"assignment": {}}, {"table": str(tmp_path / "t.csv")})
     assert facts["loss"] == {"measured": False}
     assert "LM head and its loss alone**" not in section_text("leaderboard", facts, tmp_path)
+
+
+def test_the_target_is_said_against_liger_alone(tmp_path):
+    """Cut Cross-Entropy is compared (time and memory), but the target names Liger's loss."""
+    path = _loss_record(tmp_path, {"chunked": (100.0, 1.0, 2.0), "liger": (100.0, 1.0, 2.0),
+                                   "cut-cross-entropy": (400.0, 1.0, 1.5)})
+    facts, text = _facts(tmp_path, path)
+    assert [s["is_target"] for s in facts["stock"]] == [True, False]
+    assert "1.00x its memory, so it meets the target" in text
+    assert "1.33x its memory, so it" not in text
+    assert "against cut-cross-entropy (400.0 ms, 1.50 GiB) it is 4.00x faster at 1.33x its memory." \
+        in text

@@ -86,6 +86,12 @@ def section_file(section, name):
     return f"{PACKAGE}/sections/{section}/{name}"
 
 
+def section_partials(wildcards):
+    """The macros a section's two templates share: `_*.md.j2` files of its folder, which the
+    templates import (`{% from "_loss.md.j2" import ... %}`)."""
+    return sorted(str(p) for p in Path(PACKAGE, "sections", wildcards.section).glob("_*.md.j2"))
+
+
 def caption(name):
     """The caption of a table or figure in `snakemake --report`: captions/<name>.rst in its
     section's folder (the writeup's in report/captions/), as a path from this rules folder."""

@@ -9,6 +9,7 @@ rule section_markdown:
     input:
         facts=facts("{section}"),
         template=section_file("{section}", "template.md.j2"),
+        partials=section_partials,
         code=sources("cs336_systems.report.render"),
     output:
         f"{SECTION_DIR}/{{section}}.md",
@@ -29,6 +30,7 @@ rule section_details:
     input:
         facts=facts("{section}"),
         template=section_file("{section}", "details.md.j2"),
+        partials=section_partials,
         code=sources("cs336_systems.report.render"),
     output:
         report("report/details/{section}.md", caption=caption("details"), category="Details"),
