@@ -1,0 +1,69 @@
+"""The Gluon FlashAttention forward for Hopper: on any machine, each configuration compiles for
+sm90a without spilling and within an SM's shared memory; on a Hopper GPU, o and the logsumexp
+against float64 references on fresh random inputs (odd lengths, causal and not)."""
+
+import math
+
+import pytest
+import torch
+
+from cs336_systems.kernels.flash_gluon import (
+    SUPPORTED_HEAD_DIMS,
+    TILES,
+    check_inputs,
+    compile_for_sm90,
+    flash_gluon_forward,
+)
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on a Hopper GPU")
+SM90_SHARED_BYTES = 227 * 1024  # the most shared memory one block of an H100 or H200 may hold
+
+
+@pytest.mark.parametrize("d", SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_compiles_for_hopper_without_spilling(d, is_causal):
+    usage = compile_for_sm90(d, is_causal)
+    assert usage["spilled_bytes"] == 0, usage
+    assert usage["shared_bytes"] <= SM90_SHARED_BYTES, usage
+    # the registers a thread may have with TILES[d].num_warps warps in one block of 64K
+    assert usage["registers"] <= min(255, 65536 // (32 * TILES[d].num_warps)), usage
+
+
+def _reference(q, k, v, is_causal):
+    """o and the logsumexp in float64."""
+    q, k, v = (t.double() for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if is_causal:
+        seq = q.shape[-2]
+        scores = scores.masked_fill(~torch.ones(seq, seq, dtype=torch.bool,
+                                                device=q.device).tril(), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v, scores.logsumexp(dim=-1)
+
+
+@needs_hopper
+@pytest.mark.parametrize("d", SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("seq", [128, 257, 1000])
+@pytest.mark.parametrize("is_causal", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_forward_matches_float64(d, seq, is_causal, dtype):
+    torch.manual_seed(seq + d)
+    q, k, v = (torch.randn(2, 3, seq, d, device="cuda", dtype=dtype) for _ in range(3))
+    o, lse = flash_gluon_forward(q, k, v, is_causal)
+    o_ref, lse_ref = _reference(q, k, v, is_causal)
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    torch.testing.assert_close(o.double(), o_ref, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(lse.double(), lse_ref, rtol=1e-4, atol=1e-3)
+
+
+def test_unsupported_inputs_say_what_is_supported():
+    q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"d in \(64, 128\); got 80"):
+        check_inputs(*(torch.randn(1, 2, 16, 80, dtype=torch.bfloat16) for _ in range(3)))
+    with pytest.raises(ValueError, match="one dtype of bfloat16, float16"):
+        check_inputs(q.float(), q.float(), q.float())
+    with pytest.raises(ValueError, match=r"one \(batch, heads, seq, d\) shape"):
+        check_inputs(q, q[:, :1], q)
+    if not HOPPER:
+        with pytest.raises(ValueError, match="runs on a Hopper GPU"):
+            check_inputs(q, q, q)
