@@ -1,6 +1,5 @@
-"""Kernels: FlashAttention-2 in PyTorch and Triton (and its forward for Hopper in Gluon), the
-fused AdamW's pass (its optimizer is
-`lm.fused_adamw.FusedAdamW`), the Triton weighted sum.
+"""Kernels: FlashAttention-2 in PyTorch, Triton, and Gluon for Hopper, the fused AdamW's pass
+(its optimizer is `lm.fused_adamw.FusedAdamW`), the Triton weighted sum.
 
 The names below are imported on first use: `kernels.checks` (shape checks) loads no Triton.
 On a machine without CUDA, importing this package sets TRITON_INTERPRET=1 (unless set), so that
@@ -16,7 +15,8 @@ EXPORTS = {  # module: the names it defines
     "cs336_systems.kernels.flash_pytorch": ("FlashAttentionPytorch",),
     "cs336_systems.kernels.flash_triton": (
         "FlashAttentionTriton", "FlashAttentionTritonTorchBackward"),
-    "cs336_systems.kernels.flash_gluon": ("flash_gluon_forward",),
+    "cs336_systems.kernels.flash_gluon": (
+        "FlashAttentionGluon", "flash_gluon_forward", "flash_gluon_backward"),
     "cs336_systems.kernels.weighted_sum": ("WeightedSumFn", "weighted_sum"),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, EXPORTS)

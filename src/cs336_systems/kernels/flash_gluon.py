@@ -1,25 +1,33 @@
-"""FlashAttention-2's forward for Hopper (sm90) in Gluon, Triton's lower-level language:
-the tiles' shared memory, the TMA loads of K and V into a ring of STAGES buffers with an
-mbarrier each, and `warpgroup_mma` (wgmma) for S = Q K^T and O += P V are written out, where
-`tl` leaves them to the compiler. Issue 48 builds on it (warp specialization, the backward);
-until the backward exists it is not an attention choice of `lm.attention`.
+"""FlashAttention-2 for Hopper (sm90) in Gluon, Triton's lower-level language: the tiles'
+shared memory, the TMA loads into rings of STAGES buffers with an mbarrier each, and
+`warpgroup_mma` (wgmma) for every matrix product are written out, where `tl` leaves them to
+the compiler. Issue 48 builds on it (warp specialization, FlashAttention-3's overlap of softmax
+and wgmma); until its GPU tests have run it is not an attention choice of `lm.attention`.
 
-    o, lse = flash_gluon_forward(q, k, v, is_causal)   # (batch, heads, seq, d), bf16 or fp16
+    o, lse = flash_gluon_forward(q, k, v, is_causal)        # (batch, heads, seq, d)
+    dq, dk, dv = flash_gluon_backward(q, k, v, o, lse, do, is_causal)
+    o = FlashAttentionGluon.apply(q, k, v, is_causal)       # both, as an autograd function
 
-q, k and v share one shape (self-attention, no grouped heads), d is 64 or 128
+q, k and v share one shape (self-attention, no grouped heads), bf16 or fp16, d 64 or 128
 (`SUPPORTED_HEAD_DIMS`), any seq. The causal mask is SDPA's `is_causal=True`, as in
-`kernels.flash_triton`: query i sees keys 0..i. o has q's shape; lse (batch, heads, seq) fp32 is
-each row's logsumexp of the scaled scores, in natural log, as the Triton kernel saves it.
+`kernels.flash_triton`: query i sees keys 0..i. lse (batch, heads, seq) fp32 is each row's
+logsumexp of the scaled scores, in natural log, as the Triton kernel saves it.
 
-Program roles: program (m, bh) owns BLOCK_M query rows of one (batch, head); its num_warps warps
-are num_warps // 4 warpgroups, which split the rows of each wgmma. The TMA descriptors see q, k
-and v as 2-D (batch * heads * seq, d) tensors: a tile that runs past its head's last row reads
-the next head's rows (zeros past the tensor's end); the key mask (keys >= seq) and the masked
-store of o make them harmless. Key tiles wholly before the diagonal and inside the sequence
-run without a mask; the others (the diagonal band, the sequence's tail) with one.
+Program roles. Forward (Algorithm 1): program (m, bh) owns BLOCK_M query rows of one (batch,
+head) and walks its key tiles. Backward (Algorithm 2), two launches after D = rowsum(dO * O):
+program (n, bh) of the key-tile kernel owns BLOCK_N keys and walks the query tiles that see
+them for dK and dV (computing S^T and dP^T, so that keys are the rows of every product);
+program (m, bh) of the query-tile kernel owns BLOCK_M queries and walks their key tiles for dQ.
+A program's warps are num_warps // 4 warpgroups, which split the rows of each wgmma.
 
-`compile_for_sm90` compiles a configuration for sm90a on any machine (no GPU needed) and
-returns what ptxas allotted: registers, spilled bytes, shared memory.
+The TMA descriptors see q, k, v and dO as 2-D (batch * heads * seq, d) tensors: a tile that
+runs past its head's last row reads the next head's rows (zeros past the tensor's end); the
+masks (keys >= seq, queries >= seq) and the masked stores make them harmless. Tiles wholly off
+the causal diagonal and inside the sequence run without a mask; the others with one.
+
+`compile_for_sm90` compiles a kernel's configuration for sm90a on any machine (no GPU needed)
+and returns what ptxas allotted: registers, spilled bytes, shared memory (`TILES` was chosen by
+it).
 """
 
 from __future__ import annotations
@@ -55,14 +63,54 @@ GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 @gluon.jit
-def _issue_kv(k_desc, v_desc, k_smem, v_smem, ready, row, tile, STAGES: gl.constexpr):
-    """Start the TMA loads of K and V tile `tile` (rows `row`..) into ring slot tile % STAGES;
-    ready[slot] completes when both have landed."""
+def _issue_pair(a_desc, b_desc, a_smem, b_smem, ready, row, tile, STAGES: gl.constexpr):
+    """Start the TMA loads of tile `tile` (rows `row`..) of two tensors (K and V, or Q and dO)
+    into ring slot tile % STAGES; ready[slot] completes when both have landed."""
     slot = tile % STAGES
     bar = ready.index(slot)
-    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    _tma_load(k_desc, [row, 0], bar, k_smem.index(slot))
-    _tma_load(v_desc, [row, 0], bar, v_smem.index(slot))
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    _tma_load(a_desc, [row, 0], bar, a_smem.index(slot))
+    _tma_load(b_desc, [row, 0], bar, b_smem.index(slot))
+
+
+@gluon.jit
+def _own_pair(a_desc, b_desc, row):
+    """The program's own tiles of two tensors (K and V, or Q and dO): shared memory for each,
+    their TMA loads started; the barrier completes when both have landed."""
+    a = gl.allocate_shared_memory(a_desc.dtype, a_desc.block_type.shape, a_desc.layout)
+    b = gl.allocate_shared_memory(b_desc.dtype, b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(ready, count=1)
+    mbarrier.expect(ready, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    _tma_load(a_desc, [row, 0], ready, a)
+    _tma_load(b_desc, [row, 0], ready, b)
+    return a, b, ready
+
+
+@gluon.jit
+def _ring_pair(a_desc, b_desc, STAGES: gl.constexpr):
+    """A ring of STAGES slots for the tiles a program walks of two tensors, a barrier a slot."""
+    a = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape,
+                                  a_desc.layout)
+    b = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
+                                  b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    return a, b, ready
+
+
+@gluon.jit
+def _key_tiles(start_m, seq, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """The key tiles a query tile reads (up to its last query when causal: FA-2's early exit),
+    and how many of the first ones every query sees whole, inside the sequence: no mask."""
+    if CAUSAL:
+        n_tiles = gl.cdiv(gl.minimum(seq, start_m + BLOCK_M), BLOCK_N)
+        n_full = gl.minimum(start_m // BLOCK_N, seq // BLOCK_N)
+    else:
+        n_tiles = gl.cdiv(seq, BLOCK_N)
+        n_full = seq // BLOCK_N
+    return n_tiles, n_full
 
 
 @gluon.jit
@@ -110,32 +158,17 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, qk_scale,
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(kv_ready.index(i), count=1)
-
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
     _tma_load(q_desc, [head_row + start_m, 0], q_ready, q_smem)
+    k_smem, v_smem, kv_ready = _ring_pair(k_desc, v_desc, STAGES)
 
-    # the keys this program reads: up to its last row when causal (FA-2's early exit)
-    if CAUSAL:
-        hi = gl.minimum(seq, start_m + BLOCK_M)
-    else:
-        hi = seq
-    n_tiles = gl.cdiv(hi, BLOCK_N)
-    # tiles whose every key is visible to every row, and inside the sequence: no mask
-    if CAUSAL:
-        n_full = gl.minimum(start_m // BLOCK_N, seq // BLOCK_N)
-    else:
-        n_full = seq // BLOCK_N
+    n_tiles, n_full = _key_tiles(start_m, seq, BLOCK_M, BLOCK_N, CAUSAL)
 
     for i in gl.static_range(STAGES - 1):               # the ring's prologue
         if i < n_tiles:
-            _issue_kv(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row + i * BLOCK_N, i,
+            _issue_pair(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row + i * BLOCK_N, i,
                       STAGES)
 
     m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -147,7 +180,7 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, qk_scale,
         # refill the slot that tile j - 1 used (its wgmmas have completed) with tile j + S - 1
         nxt = j + STAGES - 1
         if nxt < n_tiles:
-            _issue_kv(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row + nxt * BLOCK_N, nxt,
+            _issue_pair(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row + nxt * BLOCK_N, nxt,
                       STAGES)
         slot = j % STAGES
         mbarrier.wait(kv_ready.index(slot), (j // STAGES) & 1)
@@ -177,19 +210,196 @@ def _store_outputs(o_ptr, lse_ptr, acc, m_i, l_i, head_row, start_m, seq,
     """Lines 12-13: O = acc / l and the logsumexp in natural log (what the backward reads), the
     rows past the sequence's end left unwritten."""
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    o = (acc / l_o[:, None]).to(o_ptr.dtype.element_ty)
-    rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, o_layout))
-    cols = gl.arange(0, HEAD_D, gl.SliceLayout(0, o_layout))
-    offsets = (head_row + rows)[:, None] * HEAD_D + cols[None, :]
-    gl.store(o_ptr + offsets, o, mask=(rows < seq)[:, None])
+    _store_rows(o_ptr, acc / l_o[:, None], head_row, start_m, seq, o_layout, HEAD_D, BLOCK_M)
     lse_rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, s_layout))
     lse = (m_i + gl.log2(l_i)) * LN_2
     gl.store(lse_ptr + head_row + lse_rows, lse, mask=lse_rows < seq)
 
 
+# --- backward (FlashAttention-2, Algorithm 2): dK and dV from key tiles, dQ from query tiles --
+# Both recompute the probabilities from the forward's logsumexp (lse2, in base 2) and take
+# D = rowsum(dO * O) (`delta`), which the launch computes once; scores in base 2 as above.
+
+
+@gluon.jit
+def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, dk, dv, lse2_ptr, delta_ptr, head_row,
+               start_n, start_m, seq, qk_scale, st_layout: gl.constexpr,
+               op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               MASK: gl.constexpr, CAUSAL: gl.constexpr):
+    """One query tile's share of a key tile's dK and dV, transposed (keys are rows): S^T = K Q^T,
+    P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q (lines 11-16)."""
+    rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))   # queries
+    lse2 = gl.load(lse2_ptr + head_row + rows, mask=rows < seq, other=0.0)
+    delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
+    zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+    st = warpgroup_mma(k_smem, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
+    pt = gl.exp2(st * qk_scale - lse2[None, :])
+    if MASK:  # queries past the sequence's end, or before the key under the causal mask
+        cols = start_n + gl.arange(0, BLOCK_N, gl.SliceLayout(1, st_layout))  # keys
+        keep = rows[None, :] < seq
+        if CAUSAL:
+            keep = keep & (rows[None, :] >= cols[:, None])
+        pt = gl.where(keep, pt, 0.0)
+    dst = pt * (dpt - delta[None, :])
+    pt16 = gl.convert_layout(pt.to(q_tile.dtype), op_layout)
+    dst16 = gl.convert_layout(dst.to(q_tile.dtype), op_layout)
+    dv = warpgroup_mma(pt16, do_tile, dv, is_async=True)
+    dk = warpgroup_mma(dst16, q_tile, dk, is_async=True)
+    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    return dk, dv
+
+
+@gluon.jit
+def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse2_ptr,
+                          delta_ptr, seq, qk_scale, sm_scale, HEAD_D: gl.constexpr,
+                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                          CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    pid_n = gl.program_id(0)            # which BLOCK_N keys
+    bh = gl.program_id(1)               # which (batch, head)
+    head_row = bh * seq
+    start_n = pid_n * BLOCK_N
+
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_D, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+
+    k_smem, v_smem, kv_ready = _own_pair(k_desc, v_desc, head_row + start_n)
+    q_smem, do_smem, ready = _ring_pair(q_desc, do_desc, STAGES)
+
+    # the query tiles that see these keys: from the first query at or after the first key
+    first = 0
+    if CAUSAL:
+        first = start_n // BLOCK_M
+    n_tiles = gl.cdiv(seq, BLOCK_M) - first
+    for i in gl.static_range(STAGES - 1):
+        if i < n_tiles:
+            _issue_pair(q_desc, do_desc, q_smem, do_smem, ready, head_row + (first + i) * BLOCK_M,
+                        i, STAGES)
+    dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout)
+    mbarrier.wait(kv_ready, 0)
+
+    for j in range(n_tiles):
+        nxt = j + STAGES - 1
+        if nxt < n_tiles:
+            _issue_pair(q_desc, do_desc, q_smem, do_smem, ready,
+                        head_row + (first + nxt) * BLOCK_M, nxt, STAGES)
+        slot = j % STAGES
+        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+        start_m = (first + j) * BLOCK_M
+        # masked: the sequence's last query tile, and the diagonal band under the causal mask
+        needs_mask = start_m + BLOCK_M > seq
+        if CAUSAL:
+            needs_mask = needs_mask | (start_m < start_n + BLOCK_N)
+        if needs_mask:
+            dk, dv = _dkdv_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), dk, dv,
+                                lse2_ptr, delta_ptr, head_row, start_n, start_m, seq, qk_scale,
+                                st_layout, op_layout, BLOCK_M, BLOCK_N, True, CAUSAL)
+        else:
+            dk, dv = _dkdv_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), dk, dv,
+                                lse2_ptr, delta_ptr, head_row, start_n, start_m, seq, qk_scale,
+                                st_layout, op_layout, BLOCK_M, BLOCK_N, False, CAUSAL)
+
+    mbarrier.invalidate(kv_ready)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+    _store_rows(dk_ptr, dk * sm_scale, head_row, start_n, seq, acc_layout, HEAD_D, BLOCK_N)
+    _store_rows(dv_ptr, dv, head_row, start_n, seq, acc_layout, HEAD_D, BLOCK_N)
+
+
+@gluon.jit
+def _dq_tile(q_smem, do_smem, k_tile, v_tile, dq, lse2, delta, start_m, start_n, seq, qk_scale,
+             s_layout: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+             BLOCK_N: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+    """One key tile's share of a query tile's dQ: S = Q K^T, P, dP = dO V^T, dS = P (dP - D),
+    dQ += dS K (lines 11-15)."""
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    dp = warpgroup_mma(do_smem, v_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
+    p = gl.exp2(s * qk_scale - lse2[:, None])
+    if MASK:  # keys past the sequence's end, or after the query under the causal mask
+        cols = start_n + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+        keep = cols[None, :] < seq
+        if CAUSAL:
+            rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, s_layout))
+            keep = keep & (cols[None, :] <= rows[:, None])
+        p = gl.where(keep, p, 0.0)
+    ds = gl.convert_layout((p * (dp - delta[:, None])).to(k_tile.dtype), op_layout)
+    dq = warpgroup_mma(ds, k_tile, dq, is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+
+
+@gluon.jit
+def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse2_ptr, delta_ptr, seq,
+                        qk_scale, sm_scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                        num_warps: gl.constexpr):
+    pid_m = gl.program_id(0)            # which BLOCK_M queries
+    bh = gl.program_id(1)               # which (batch, head)
+    head_row = bh * seq
+    start_m = pid_m * BLOCK_M
+
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_D, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+
+    q_smem, do_smem, q_ready = _own_pair(q_desc, do_desc, head_row + start_m)
+    k_smem, v_smem, ready = _ring_pair(k_desc, v_desc, STAGES)
+
+    n_tiles, n_full = _key_tiles(start_m, seq, BLOCK_M, BLOCK_N, CAUSAL)
+    for i in gl.static_range(STAGES - 1):
+        if i < n_tiles:
+            _issue_pair(k_desc, v_desc, k_smem, v_smem, ready, head_row + i * BLOCK_N, i, STAGES)
+    rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, s_layout))
+    lse2 = gl.load(lse2_ptr + head_row + rows, mask=rows < seq, other=0.0)
+    delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
+    dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, acc_layout)
+    mbarrier.wait(q_ready, 0)
+
+    for j in range(n_tiles):
+        nxt = j + STAGES - 1
+        if nxt < n_tiles:
+            _issue_pair(k_desc, v_desc, k_smem, v_smem, ready, head_row + nxt * BLOCK_N, nxt,
+                        STAGES)
+        slot = j % STAGES
+        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+        if j < n_full:
+            dq = _dq_tile(q_smem, do_smem, k_smem.index(slot), v_smem.index(slot), dq, lse2,
+                          delta, start_m, j * BLOCK_N, seq, qk_scale, s_layout, op_layout,
+                          BLOCK_M, BLOCK_N, False, CAUSAL)
+        else:
+            dq = _dq_tile(q_smem, do_smem, k_smem.index(slot), v_smem.index(slot), dq, lse2,
+                          delta, start_m, j * BLOCK_N, seq, qk_scale, s_layout, op_layout,
+                          BLOCK_M, BLOCK_N, True, CAUSAL)
+
+    mbarrier.invalidate(q_ready)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+    _store_rows(dq_ptr, dq * sm_scale, head_row, start_m, seq, acc_layout, HEAD_D, BLOCK_M)
+
+
+@gluon.jit
+def _store_rows(ptr, values, head_row, start, seq, layout: gl.constexpr, HEAD_D: gl.constexpr,
+                BLOCK: gl.constexpr):
+    """BLOCK rows of a (batch * heads * seq, d) output from `start`, those past seq unwritten."""
+    rows = start + gl.arange(0, BLOCK, gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HEAD_D, gl.SliceLayout(0, layout))
+    offsets = (head_row + rows)[:, None] * HEAD_D + cols[None, :]
+    gl.store(ptr + offsets, values.to(ptr.dtype.element_ty), mask=(rows < seq)[:, None])
+
+
 @dataclass(frozen=True)
 class Tiles:
-    """One launch configuration: query rows and keys per tile, K/V ring slots, warps."""
+    """One launch configuration: rows of the program's own tile (block_m: queries of the
+    forward and of dQ; block_n: keys of dK and dV), rows of the tiles it walks, ring slots,
+    warps."""
 
     block_m: int = 128
     block_n: int = 128
@@ -197,9 +407,15 @@ class Tiles:
     num_warps: int = 8
 
 
-# per head dim: d 128 with 128-key tiles holds 164 KB of shared memory and 220 registers a
-# thread (compile_for_sm90); 64-key tiles leave room for a second program per SM
-TILES = {64: Tiles(block_n=128), 128: Tiles(block_n=64)}
+KERNELS = ("forward", "dkdv", "dq")
+# per kernel and head dim, from compile_for_sm90 (no spills, within an SM's shared memory):
+# d 128 with 128-key forward tiles holds 164 KB and 220 registers a thread; 64-key tiles leave
+# room for a second program per SM
+TILES = {
+    "forward": {64: Tiles(block_n=128), 128: Tiles(block_n=64)},
+    "dkdv": {64: Tiles(block_m=64, block_n=128), 128: Tiles(block_m=64, block_n=64, num_warps=4)},
+    "dq": {64: Tiles(block_m=128, block_n=64), 128: Tiles(block_m=64, block_n=64, num_warps=4)},
+}
 
 
 def _shared_layout(block: list[int], dtype) -> gl.NVMMASharedLayout:
@@ -207,7 +423,7 @@ def _shared_layout(block: list[int], dtype) -> gl.NVMMASharedLayout:
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """What the kernel runs on, each failure saying what is supported."""
+    """What the kernels run on, each failure saying what is supported."""
     if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
         raise ValueError(f"q, k, v must share one (batch, heads, seq, d) shape; got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -221,71 +437,133 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"the Gluon kernel runs on a Hopper GPU (sm90); got {q.device}")
 
 
+def _rows(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """(batch, heads, seq, d) tensors as the kernels' 2-D (batch * heads * seq, d) views."""
+    return [t.contiguous().view(-1, t.shape[-1]) for t in tensors]
+
+
+def _descriptor(t: torch.Tensor, block_rows: int):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    block = [block_rows, t.shape[1]]
+    return TensorDescriptor(t, list(t.shape), [t.shape[1], 1], block,
+                            _shared_layout(block, GL_DTYPES[t.dtype]))
+
+
 def flash_gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """o and the logsumexp of softmax(q k^T / sqrt(d)) v, one launch (see the module)."""
     check_inputs(q, k, v)
     batch, heads, seq, d = q.shape
-    tiles = TILES[d]
-    rows = batch * heads * seq
-    q2, k2, v2 = (t.contiguous().view(rows, d) for t in (q, k, v))
+    tiles = TILES["forward"][d]
+    q2, k2, v2 = _rows(q, k, v)
     o = torch.empty_like(q2)
     lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    dtype = GL_DTYPES[q.dtype]
-
-    def descriptor(t, block_rows):
-        block = [block_rows, d]
-        return TensorDescriptor(t, [rows, d], [d, 1], block, _shared_layout(block, dtype))
-
     grid = (triton.cdiv(seq, tiles.block_m), batch * heads)
     attention_fwd_kernel[grid](
-        descriptor(q2, tiles.block_m), descriptor(k2, tiles.block_n),
-        descriptor(v2, tiles.block_n), o, lse, seq, d ** -0.5 * LOG2_E,
+        _descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
+        _descriptor(v2, tiles.block_n), o, lse, seq, d ** -0.5 * LOG2_E,
         HEAD_D=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, STAGES=tiles.stages,
         CAUSAL=is_causal, num_warps=tiles.num_warps)
     return o.view(q.shape), lse
 
 
-def compile_for_sm90(d: int, is_causal: bool, tiles: Tiles | None = None,
+def flash_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                         lse: torch.Tensor, grad_o: torch.Tensor, is_causal: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv from the forward's o and logsumexp: D = rowsum(dO * O) in PyTorch, then the
+    key-tile kernel (dK, dV) and the query-tile kernel (dQ)."""
+    batch, heads, seq, d = q.shape
+    q2, k2, v2, do2 = _rows(q, k, v, grad_o)
+    delta = (grad_o.float() * o.float()).sum(-1).contiguous()       # (batch, heads, seq)
+    lse2 = (lse * LOG2_E).contiguous()
+    dq, dk, dv = (torch.empty_like(t) for t in (q2, k2, v2))
+    scales = (d ** -0.5 * LOG2_E, d ** -0.5)                         # qk_scale, sm_scale
+    for kernel, outputs in ((attention_dkdv_kernel, (dk, dv)), (attention_dq_kernel, (dq,))):
+        tiles = TILES["dkdv" if kernel is attention_dkdv_kernel else "dq"][d]
+        # a program owns a key tile (dK, dV) or a query tile (dQ)
+        own = tiles.block_n if kernel is attention_dkdv_kernel else tiles.block_m
+        descriptors = (_descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
+                       _descriptor(v2, tiles.block_n), _descriptor(do2, tiles.block_m))
+        kernel[(triton.cdiv(seq, own), batch * heads)](
+            *descriptors, *outputs, lse2, delta, seq, *scales, HEAD_D=d,
+            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, STAGES=tiles.stages,
+            CAUSAL=is_causal, num_warps=tiles.num_warps)
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
+class FlashAttentionGluon(torch.autograd.Function):
+    """o = attention(q, k, v) with the Gluon forward and backward: (batch, heads, seq, d)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):
+        o, lse = flash_gluon_forward(q, k, v, is_causal)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal = is_causal
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        q, k, v, o, lse = ctx.saved_tensors
+        return (*flash_gluon_backward(q, k, v, o, lse, grad_o, ctx.is_causal), None)
+
+
+def compile_for_sm90(kernel: str, d: int, is_causal: bool, tiles: Tiles | None = None,
                      dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Compile the forward for sm90a here (no GPU needed): its registers a thread, bytes
+    """Compile one of `KERNELS` for sm90a here (no GPU needed): its registers a thread, bytes
     spilled to local memory and bytes of shared memory, from the cubin. Where this process runs
     Triton's interpreter (a CPU machine: `kernels` turns it on), in a child process without it:
     Gluon kernels compile, they do not interpret."""
-    tiles = tiles or TILES[d]
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; allowed: {', '.join(KERNELS)}")
+    tiles = tiles or TILES[kernel][d]
     if not triton_interpreting():
-        return _resource_usage(d, is_causal, tiles, dtype)
-    call = (f"import json, torch; from {__name__} import Tiles, _resource_usage; "
-            f"print(json.dumps(_resource_usage({d}, {is_causal}, {tiles!r}, {dtype})))")
+        return _resource_usage(kernel, d, is_causal, tiles, dtype)
+    call = (f"import json, torch; from {__name__} import Tiles, _resource_usage; print(json."
+            f"dumps(_resource_usage({kernel!r}, {d}, {is_causal}, {tiles!r}, {dtype})))")
     done = subprocess.run([sys.executable, "-c", call], capture_output=True, text=True,
                           check=False, env={**os.environ, "TRITON_INTERPRET": "0"})
     if done.returncode != 0:
-        raise RuntimeError(f"compiling the Gluon forward for sm90a failed:\n{done.stderr}")
+        raise RuntimeError(f"compiling the Gluon {kernel} kernel for sm90a failed:\n"
+                           f"{done.stderr}")
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def _resource_usage(d: int, is_causal: bool, tiles: Tiles, dtype: torch.dtype) -> dict:
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
+def _signature(kernel: str, d: int, tiles: Tiles, dtype: torch.dtype) -> dict:
+    """The kernel's argument types as the compiler reads them (TMA descriptors with their block
+    and shared layout)."""
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
     def descriptor(block_rows):
         block = [block_rows, d]
         return f"tensordesc<{name}[{block_rows}, {d}],{_shared_layout(block, GL_DTYPES[dtype])!r}>"
 
-    signature = {"q_desc": descriptor(tiles.block_m), "k_desc": descriptor(tiles.block_n),
-                 "v_desc": descriptor(tiles.block_n), "o_ptr": f"*{name}", "lse_ptr": "*fp32",
-                 "seq": "i32", "qk_scale": "fp32"}
+    q_rows, kv_rows = tiles.block_m, tiles.block_n      # query tiles, key tiles, every kernel
+    tensors = {"q_desc": descriptor(q_rows), "k_desc": descriptor(kv_rows),
+               "v_desc": descriptor(kv_rows)}
+    if kernel == "forward":
+        return {**tensors, "o_ptr": f"*{name}", "lse_ptr": "*fp32", "seq": "i32",
+                "qk_scale": "fp32"}
+    outputs = ({"dk_ptr": f"*{name}", "dv_ptr": f"*{name}"} if kernel == "dkdv"
+               else {"dq_ptr": f"*{name}"})
+    return {**tensors, "do_desc": descriptor(q_rows), **outputs, "lse2_ptr": "*fp32",
+            "delta_ptr": "*fp32", "seq": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}
+
+
+def _resource_usage(kernel: str, d: int, is_causal: bool, tiles: Tiles,
+                    dtype: torch.dtype) -> dict:
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = {"forward": attention_fwd_kernel, "dkdv": attention_dkdv_kernel,
+          "dq": attention_dq_kernel}[kernel]
     constants = {"HEAD_D": d, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
                  "STAGES": tiles.stages, "CAUSAL": is_causal, "num_warps": tiles.num_warps}
-    signature.update({key: "constexpr" for key in constants})
-    kernel = triton.compile(GluonASTSource(attention_fwd_kernel, signature, constants),
-                            target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": tiles.num_warps})
+    signature = {**_signature(kernel, d, tiles, dtype), **dict.fromkeys(constants, "constexpr")}
+    compiled = triton.compile(GluonASTSource(fn, signature, constants),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": tiles.num_warps})
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(kernel.asm["cubin"])
+        f.write(compiled.asm["cubin"])
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     try:
         usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
@@ -294,4 +572,4 @@ def _resource_usage(d: int, is_causal: bool, tiles: Tiles, dtype: torch.dtype) -
         os.unlink(f.name)
     fields = dict(re.findall(r"(REG|LOCAL):(\d+)", usage))
     return {"registers": int(fields["REG"]), "spilled_bytes": int(fields["LOCAL"]),
-            "shared_bytes": kernel.metadata.shared}
+            "shared_bytes": compiled.metadata.shared}
