@@ -33,7 +33,7 @@ def test_compiles_for_hopper_without_spilling(kernel, d):
 
 
 def test_an_unknown_kernel_says_which_there_are():
-    with pytest.raises(ValueError, match="allowed: forward, dkdv, dq"):
+    with pytest.raises(ValueError, match="allowed: forward, forward-overlap, dkdv, dq"):
         compile_for_sm90("backward", 64, True)
 
 
@@ -53,10 +53,11 @@ def _reference(q, k, v, is_causal):
 @pytest.mark.parametrize("seq", [128, 257, 1000])
 @pytest.mark.parametrize("is_causal", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_forward_matches_float64(d, seq, is_causal, dtype):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_forward_matches_float64(d, seq, is_causal, dtype, overlap):
     torch.manual_seed(seq + d)
     q, k, v = (torch.randn(2, 3, seq, d, device="cuda", dtype=dtype) for _ in range(3))
-    o, lse = flash_gluon_forward(q, k, v, is_causal)
+    o, lse = flash_gluon_forward(q, k, v, is_causal, overlap)
     o_ref, lse_ref = _reference(q, k, v, is_causal)
     error = (o.double() - o_ref).norm() / o_ref.norm()
     assert error < (1e-2 if dtype == torch.bfloat16 else 2e-3), f"o: relative error {error:.3g}"

@@ -1,10 +1,13 @@
 """FlashAttention-2 for Hopper (sm90) in Gluon, Triton's lower-level language: the tiles'
 shared memory, the TMA loads into rings of STAGES buffers with an mbarrier each, and
 `warpgroup_mma` (wgmma) for every matrix product are written out, where `tl` leaves them to
-the compiler. Issue 48 builds on it (warp specialization, FlashAttention-3's overlap of softmax
-and wgmma); until its GPU tests have run it is not an attention choice of `lm.attention`.
+the compiler. The forward comes in two schedules: each wgmma waited for at once, and
+FlashAttention-3's overlap of one tile's softmax with the next tile's S and this tile's P V
+(`overlap`). Until its GPU tests have run it is not an attention choice of `lm.attention`;
+warp specialization is issue 48's next step.
 
     o, lse = flash_gluon_forward(q, k, v, is_causal)        # (batch, heads, seq, d)
+    o, lse = flash_gluon_forward(q, k, v, is_causal, overlap=True)   # FA-3's overlap
     dq, dk, dv = flash_gluon_backward(q, k, v, o, lse, do, is_causal)
     o = FlashAttentionGluon.apply(q, k, v, is_causal)       # both, as an autograd function
 
@@ -48,6 +51,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
+    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
@@ -71,6 +75,27 @@ def _issue_pair(a_desc, b_desc, a_smem, b_smem, ready, row, tile, STAGES: gl.con
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
     _tma_load(a_desc, [row, 0], bar, a_smem.index(slot))
     _tma_load(b_desc, [row, 0], bar, b_smem.index(slot))
+
+
+@gluon.jit
+def _own_tile(desc, row):
+    """The program's own tile of one tensor (Q): shared memory, its TMA load started, and the
+    barrier that completes when it has landed."""
+    tile = gl.allocate_shared_memory(desc.dtype, desc.block_type.shape, desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(ready, count=1)
+    mbarrier.expect(ready, desc.block_type.nbytes)
+    _tma_load(desc, [row, 0], ready, tile)
+    return tile, ready
+
+
+@gluon.jit
+def _fill_ring(a_desc, b_desc, a_smem, b_smem, ready, first_row, n_tiles, BLOCK: gl.constexpr,
+               STAGES: gl.constexpr):
+    """The ring's prologue: loads of the first STAGES - 1 walked tiles (of n_tiles) started."""
+    for i in gl.static_range(STAGES - 1):
+        if i < n_tiles:
+            _issue_pair(a_desc, b_desc, a_smem, b_smem, ready, first_row + i * BLOCK, i, STAGES)
 
 
 @gluon.jit
@@ -114,14 +139,12 @@ def _key_tiles(start_m, seq, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 
 
 @gluon.jit
-def _attend_tile(q_smem, k_tile, v_tile, acc, m_i, l_i, start_m, start_n, seq, qk_scale,
-                 s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
-                 CAUSAL: gl.constexpr):
-    """One K/V tile of the online softmax (FA-2, Algorithm 1, lines 8-10), scores in base 2."""
-    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+def _softmax_step(s, m_i, l_i, start_m, start_n, seq, qk_scale, s_layout: gl.constexpr,
+                  p_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr,
+                  DTYPE: gl.constexpr):
+    """The online softmax of one score tile (FA-2, Algorithm 1, lines 8-10), in base 2: P in
+    the P V product's operand layout, the factor that rescales O, and the new row max and sum."""
     s = s * qk_scale
     if MASK:  # the diagonal tile of a causal program, or the keys past the sequence's end
         cols = start_n + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
@@ -133,23 +156,37 @@ def _attend_tile(q_smem, k_tile, v_tile, acc, m_i, l_i, start_m, start_n, seq, q
     m_new = gl.maximum(m_i, gl.max(s, axis=1))
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    p16 = gl.convert_layout(p.to(v_tile.dtype), p_layout)
-    acc = warpgroup_mma(p16, v_tile, acc, is_async=True)
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    p16 = gl.convert_layout(p.to(DTYPE), p_layout)
+    return p16, gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), m_new, l_new
+
+
+@gluon.jit
+def _attend_tile(q_smem, k_tile, v_tile, acc, m_i, l_i, start_m, start_n, seq, qk_scale,
+                 s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
+                 CAUSAL: gl.constexpr):
+    """One K/V tile, each product waited for: S = Q K^T, the softmax, O = alpha O + P V."""
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    p16, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, start_m, start_n, seq, qk_scale, s_layout,
+                                         p_layout, o_layout, BLOCK_M, BLOCK_N, MASK, CAUSAL,
+                                         v_tile.dtype)
+    acc = warpgroup_mma(p16, v_tile, acc * alpha[:, None], is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    return acc, m_new, l_i
+    return acc, m_i, l_i
 
 
 @gluon.jit
 def attention_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, qk_scale,
                          HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                         num_warps: gl.constexpr):
     pid_m = gl.program_id(0)            # which BLOCK_M rows of the sequence
     bh = gl.program_id(1)               # which (batch, head)
     head_row = bh * seq                 # the head's first row in the 2-D views
     start_m = pid_m * BLOCK_M
-    dtype: gl.constexpr = q_desc.dtype
 
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
@@ -157,31 +194,44 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, qk_scale,
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    mbarrier.expect(q_ready, q_desc.block_type.nbytes)
-    _tma_load(q_desc, [head_row + start_m, 0], q_ready, q_smem)
+    q_smem, q_ready = _own_tile(q_desc, head_row + start_m)
     k_smem, v_smem, kv_ready = _ring_pair(k_desc, v_desc, STAGES)
-
     n_tiles, n_full = _key_tiles(start_m, seq, BLOCK_M, BLOCK_N, CAUSAL)
+    _fill_ring(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row, n_tiles, BLOCK_N, STAGES)
+    mbarrier.wait(q_ready, 0)
+    if OVERLAP:
+        acc, m_i, l_i = _overlapped_tiles(
+            k_desc, v_desc, q_smem, k_smem, v_smem, kv_ready, head_row, start_m, n_tiles,
+            n_full, seq, qk_scale, s_layout, p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N,
+            STAGES, CAUSAL)
+    else:
+        acc, m_i, l_i = _waited_tiles(
+            k_desc, v_desc, q_smem, k_smem, v_smem, kv_ready, head_row, start_m, n_tiles,
+            n_full, seq, qk_scale, s_layout, p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N,
+            STAGES, CAUSAL)
 
-    for i in gl.static_range(STAGES - 1):               # the ring's prologue
-        if i < n_tiles:
-            _issue_pair(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row + i * BLOCK_N, i,
-                      STAGES)
+    mbarrier.invalidate(q_ready)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(kv_ready.index(i))
+    _store_outputs(o_ptr, lse_ptr, acc, m_i, l_i, head_row, start_m, seq, o_layout, s_layout,
+                   HEAD_D, BLOCK_M)
 
+
+@gluon.jit
+def _waited_tiles(k_desc, v_desc, q_smem, k_smem, v_smem, kv_ready, head_row, start_m, n_tiles,
+                  n_full, seq, qk_scale, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                  o_layout: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """The key tiles one after another, each wgmma waited for at once (FA-2's schedule)."""
     m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
-    mbarrier.wait(q_ready, 0)
-
     for j in range(n_tiles):
         # refill the slot that tile j - 1 used (its wgmmas have completed) with tile j + S - 1
         nxt = j + STAGES - 1
         if nxt < n_tiles:
             _issue_pair(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row + nxt * BLOCK_N, nxt,
-                      STAGES)
+                        STAGES)
         slot = j % STAGES
         mbarrier.wait(kv_ready.index(slot), (j // STAGES) & 1)
         if j < n_full:
@@ -194,13 +244,54 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, qk_scale,
                                          m_i, l_i, start_m, j * BLOCK_N, seq, qk_scale,
                                          s_layout, p_layout, o_layout, BLOCK_M, BLOCK_N,
                                          True, CAUSAL)
+    return acc, m_i, l_i
 
-    mbarrier.invalidate(q_ready)
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(kv_ready.index(i))
 
-    _store_outputs(o_ptr, lse_ptr, acc, m_i, l_i, head_row, start_m, seq, o_layout, s_layout,
-                   HEAD_D, BLOCK_M)
+@gluon.jit
+def _overlapped_tiles(k_desc, v_desc, q_smem, k_smem, v_smem, kv_ready, head_row, start_m,
+                      n_tiles, n_full, seq, qk_scale, s_layout: gl.constexpr,
+                      p_layout: gl.constexpr, o_layout: gl.constexpr, HEAD_D: gl.constexpr,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                      CAUSAL: gl.constexpr):
+    """FlashAttention-3's overlap inside a warpgroup: S of the next tile and P V of this one are
+    in flight while this tile's softmax runs. Per tile j, in issue order: S_{j+1} = Q K_{j+1}^T,
+    the softmax of S_j, a wait that completes P_{j-1} V_{j-1}, O = alpha O, then P_j V_j; a wait
+    that completes S_{j+1} ends the step (wgmma groups complete in issue order). The last
+    step's S_{j+1} is its own S_j again (a spare product, so that every wait is the same).
+    STAGES >= 3: a slot is refilled once P V has read it."""
+    gl.static_assert(STAGES >= 3, "the overlapped forward needs three K/V slots or more")
+    dtype: gl.constexpr = q_smem.dtype
+    m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    # O as an in-flight wgmma accumulator, as the loop leaves it (P_j V_j outstanding)
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout))
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    mbarrier.wait(kv_ready.index(0), 0)
+    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero, use_acc=False,
+                      is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    for j in range(n_tiles):
+        ahead = gl.minimum(j + 1, n_tiles - 1)
+        mbarrier.wait(kv_ready.index(ahead % STAGES), (ahead // STAGES) & 1)
+        s_next = warpgroup_mma(q_smem, k_smem.index(ahead % STAGES).permute((1, 0)), zero,
+                               use_acc=False, is_async=True)
+        if j < n_full:
+            p16, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, start_m, j * BLOCK_N, seq,
+                                                 qk_scale, s_layout, p_layout, o_layout,
+                                                 BLOCK_M, BLOCK_N, False, CAUSAL, dtype)
+        else:
+            p16, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, start_m, j * BLOCK_N, seq,
+                                                 qk_scale, s_layout, p_layout, o_layout,
+                                                 BLOCK_M, BLOCK_N, True, CAUSAL, dtype)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))      # P_{j-1} V_{j-1} done
+        acc = warpgroup_mma(p16, v_smem.index(j % STAGES), acc * alpha[:, None], is_async=True)
+        nxt = j + STAGES - 1                  # into the slot that P_{j-1} V_{j-1} has read
+        if nxt < n_tiles:
+            _issue_pair(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row + nxt * BLOCK_N, nxt,
+                        STAGES)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))    # S_{j+1} done
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return acc, m_i, l_i
 
 
 @gluon.jit
@@ -275,10 +366,8 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse2_
     if CAUSAL:
         first = start_n // BLOCK_M
     n_tiles = gl.cdiv(seq, BLOCK_M) - first
-    for i in gl.static_range(STAGES - 1):
-        if i < n_tiles:
-            _issue_pair(q_desc, do_desc, q_smem, do_smem, ready, head_row + (first + i) * BLOCK_M,
-                        i, STAGES)
+    _fill_ring(q_desc, do_desc, q_smem, do_smem, ready, head_row + first * BLOCK_M, n_tiles,
+               BLOCK_M, STAGES)
     dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout)
     dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
@@ -354,9 +443,7 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse2_ptr, delta
     k_smem, v_smem, ready = _ring_pair(k_desc, v_desc, STAGES)
 
     n_tiles, n_full = _key_tiles(start_m, seq, BLOCK_M, BLOCK_N, CAUSAL)
-    for i in gl.static_range(STAGES - 1):
-        if i < n_tiles:
-            _issue_pair(k_desc, v_desc, k_smem, v_smem, ready, head_row + i * BLOCK_N, i, STAGES)
+    _fill_ring(k_desc, v_desc, k_smem, v_smem, ready, head_row, n_tiles, BLOCK_N, STAGES)
     rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, s_layout))
     lse2 = gl.load(lse2_ptr + head_row + rows, mask=rows < seq, other=0.0)
     delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
@@ -407,12 +494,13 @@ class Tiles:
     num_warps: int = 8
 
 
-KERNELS = ("forward", "dkdv", "dq")
+KERNELS = ("forward", "forward-overlap", "dkdv", "dq")
 # per kernel and head dim, from compile_for_sm90 (no spills, within an SM's shared memory):
 # d 128 with 128-key forward tiles holds 164 KB and 220 registers a thread; 64-key tiles leave
 # room for a second program per SM
 TILES = {
     "forward": {64: Tiles(block_n=128), 128: Tiles(block_n=64)},
+    "forward-overlap": {64: Tiles(block_n=128, stages=3), 128: Tiles(block_n=64, stages=3)},
     "dkdv": {64: Tiles(block_m=64, block_n=128), 128: Tiles(block_m=64, block_n=64, num_warps=4)},
     "dq": {64: Tiles(block_m=128, block_n=64), 128: Tiles(block_m=64, block_n=64, num_warps=4)},
 }
@@ -450,11 +538,13 @@ def _descriptor(t: torch.Tensor, block_rows: int):
 
 
 def flash_gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """o and the logsumexp of softmax(q k^T / sqrt(d)) v, one launch (see the module)."""
+                        is_causal: bool = False, overlap: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """o and the logsumexp of softmax(q k^T / sqrt(d)) v, one launch (see the module); with
+    `overlap`, the kernel that overlaps each tile's softmax with its neighbours' wgmmas."""
     check_inputs(q, k, v)
     batch, heads, seq, d = q.shape
-    tiles = TILES["forward"][d]
+    tiles = TILES["forward-overlap" if overlap else "forward"][d]
     q2, k2, v2 = _rows(q, k, v)
     o = torch.empty_like(q2)
     lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
@@ -463,7 +553,7 @@ def flash_gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         _descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
         _descriptor(v2, tiles.block_n), o, lse, seq, d ** -0.5 * LOG2_E,
         HEAD_D=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, STAGES=tiles.stages,
-        CAUSAL=is_causal, num_warps=tiles.num_warps)
+        CAUSAL=is_causal, OVERLAP=overlap, num_warps=tiles.num_warps)
     return o.view(q.shape), lse
 
 
@@ -495,8 +585,8 @@ class FlashAttentionGluon(torch.autograd.Function):
     """o = attention(q, k, v) with the Gluon forward and backward: (batch, heads, seq, d)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal=False):
-        o, lse = flash_gluon_forward(q, k, v, is_causal)
+    def forward(ctx, q, k, v, is_causal=False, overlap=False):
+        o, lse = flash_gluon_forward(q, k, v, is_causal, overlap)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.is_causal = is_causal
         return o
@@ -504,7 +594,7 @@ class FlashAttentionGluon(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_o):
         q, k, v, o, lse = ctx.saved_tensors
-        return (*flash_gluon_backward(q, k, v, o, lse, grad_o, ctx.is_causal), None)
+        return (*flash_gluon_backward(q, k, v, o, lse, grad_o, ctx.is_causal), None, None)
 
 
 def compile_for_sm90(kernel: str, d: int, is_causal: bool, tiles: Tiles | None = None,
@@ -540,7 +630,7 @@ def _signature(kernel: str, d: int, tiles: Tiles, dtype: torch.dtype) -> dict:
     q_rows, kv_rows = tiles.block_m, tiles.block_n      # query tiles, key tiles, every kernel
     tensors = {"q_desc": descriptor(q_rows), "k_desc": descriptor(kv_rows),
                "v_desc": descriptor(kv_rows)}
-    if kernel == "forward":
+    if kernel.startswith("forward"):
         return {**tensors, "o_ptr": f"*{name}", "lse_ptr": "*fp32", "seq": "i32",
                 "qk_scale": "fp32"}
     outputs = ({"dk_ptr": f"*{name}", "dv_ptr": f"*{name}"} if kernel == "dkdv"
@@ -554,10 +644,13 @@ def _resource_usage(kernel: str, d: int, is_causal: bool, tiles: Tiles,
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = {"forward": attention_fwd_kernel, "dkdv": attention_dkdv_kernel,
-          "dq": attention_dq_kernel}[kernel]
+    fn = {"forward": attention_fwd_kernel, "forward-overlap": attention_fwd_kernel,
+          "dkdv": attention_dkdv_kernel, "dq": attention_dq_kernel}[kernel]
     constants = {"HEAD_D": d, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
-                 "STAGES": tiles.stages, "CAUSAL": is_causal, "num_warps": tiles.num_warps}
+                 "STAGES": tiles.stages, "CAUSAL": is_causal,
+                 **({"OVERLAP": kernel == "forward-overlap"} if fn is attention_fwd_kernel
+                    else {}),
+                 "num_warps": tiles.num_warps}
     signature = {**_signature(kernel, d, tiles, dtype), **dict.fromkeys(constants, "constexpr")}
     compiled = triton.compile(GluonASTSource(fn, signature, constants),
                               target=GPUTarget("cuda", 90, 32),
