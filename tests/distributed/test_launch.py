@@ -57,6 +57,22 @@ def test_cpu_ranks_take_the_threads_they_are_given(tmp_path):
     assert [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)] == [default, default]
 
 
+def test_spawn_takes_another_port_when_its_first_was_taken(tmp_path, monkeypatch):
+    """A port picked free can be taken before rank 0 listens on it (a full test run once met
+    EADDRINUSE so): spawn tries another."""
+    from cs336_systems.distributed import launch
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = [taken.getsockname()[1]]
+        picked = launch.free_port
+        monkeypatch.setattr(launch, "free_port", lambda: ports.pop() if ports else picked())
+        spawn(_threads_worker, 2, args=(str(tmp_path),), threads_per_rank=1, timeout_s=60)
+    assert not ports  # the taken one was tried first
+    assert [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)] == [1, 1]
+
+
 def test_spawn_reraises_a_worker_exception():
     with pytest.raises(Exception, match="rank 1 fails on purpose"):
         spawn(_failing_worker, 2, timeout_s=60)

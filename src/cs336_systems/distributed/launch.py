@@ -48,6 +48,10 @@ def backend_for(device: str) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
+# how many ports `spawn` tries: one picked free can be taken before rank 0 listens on it
+PORT_ATTEMPTS = 3
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago on 127.0.0.1 (the OS picks it: bind to port 0)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -96,7 +100,8 @@ def spawn(fn: Callable, world_size: int, backend: str = "gloo", args: tuple = ()
     a second, and works on gloo only. When a worker raises, the others are terminated and a RuntimeError carrying
     the traceback of the rank that failed *first* is raised here (its peers then fail too, with
     "connection closed" errors that hide the cause). A run still going after `timeout_s` seconds
-    is terminated and raises TimeoutError. Every call uses a fresh port. CPU (gloo) ranks take
+    is terminated and raises TimeoutError. Every call uses a fresh port (another, up to
+    PORT_ATTEMPTS, where the one picked was taken meanwhile). CPU (gloo) ranks take
     `threads_per_rank` intra-op threads each, by default an equal share of the machine's cores;
     a caller that shares the machine with other jobs passes its own share.
     """
@@ -117,10 +122,24 @@ def spawn(fn: Callable, world_size: int, backend: str = "gloo", args: tuple = ()
         threads_per_rank = max(1, (os.cpu_count() or 1) // world_size)
     elif threads_per_rank < 1:
         raise ValueError(f"threads_per_rank must be at least 1, got {threads_per_rank}")
+    for attempt in range(PORT_ATTEMPTS):
+        try:
+            return _run(fn, world_size, backend, tuple(args), timeout_s, start_method,
+                        threads_per_rank)
+        except (RuntimeError, mp.ProcessRaisedException) as error:
+            # the port was free when picked and taken before rank 0 listened on it: nothing
+            # of `fn` has run yet (it runs after the group forms), so try another port
+            if "EADDRINUSE" not in str(error) or attempt == PORT_ATTEMPTS - 1:
+                raise
+
+
+def _run(fn: Callable, world_size: int, backend: str, args: tuple, timeout_s: float,
+         start_method: str, threads_per_rank: int) -> None:
+    """One attempt of `spawn`, on a fresh port."""
     errors = mp.get_context(start_method).SimpleQueue()  # (time, rank, traceback) per failure
     context = mp.start_processes(
         _worker, args=(fn, world_size, backend, free_port(), timeout_s, threads_per_rank,
-                       tuple(args), errors),
+                       args, errors),
         nprocs=world_size, join=False, start_method=start_method)
     deadline = time.monotonic() + timeout_s
     try:
