@@ -220,9 +220,9 @@ def test_unknown_recompute_names_the_allowed_ones():
 
 
 def test_selective_policies_keep_every_attention_operator():
-    """The custom forward operators of our Triton kernel and of FlashAttention-4 are kept like
-    SDPA's (a name missing here once had "elementwise" redo FlashAttention-4's forward in
-    backward); the matmuls are kept by "elementwise" alone."""
+    """The custom forward operators of our Triton kernel and of FlashAttention-4 (each
+    registry entry's `forward_op`) are kept like SDPA's (one left out once had "elementwise"
+    redo FlashAttention-4's forward in backward); the matmuls are kept by "elementwise" alone."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     import cs336_systems.lm.fa4  # noqa: F401  registers cs336::fa4_fwd; the package loads on call

@@ -3,8 +3,8 @@
 Every implementation has the signature `attention(q, k, v, is_causal) -> out` with q, k, v and
 out of shape (..., seq, d_head): the model calls it on (batch, heads, seq, d_head), the flash
 benchmark on (batch, seq, d). Register new ones (annotated, compiled, other kernels) in
-`ATTENTION_IMPLEMENTATIONS`; the config schema's enums, the CLIs' choices and the report's labels
-all read this registry. `sdpa` is SDPA with torch's own choice of backend; `sdpa-flash` and
+`ATTENTION_IMPLEMENTATIONS`; the config schema's enums, the CLIs' choices, the report's labels
+and the selective checkpointing (a custom operator's `forward_op`) all read this registry. `sdpa` is SDPA with torch's own choice of backend; `sdpa-flash` and
 `sdpa-cudnn` pin one backend each; `fa4` is FlashAttention-4 (the `flash-attn-4` package, CuTe
 DSL kernels for Hopper and Blackwell), a peer that is not installed by default
 (`unavailable_reason` says where one cannot run).
@@ -214,6 +214,9 @@ class Attention:
     pinned_backend: bool = False  # one SDPA backend only: may not run on every machine
     # an optional package's kernel: why it cannot take q here, or None
     unavailable: Callable[[Tensor], str | None] | None = None
+    # a custom operator's forward ("namespace::name"), whose outputs selective checkpointing
+    # keeps as it keeps SDPA's (lm.model's policies)
+    forward_op: str | None = None
 
 
 ATTENTION_IMPLEMENTATIONS: dict[str, Attention] = {
@@ -223,14 +226,19 @@ ATTENTION_IMPLEMENTATIONS: dict[str, Attention] = {
     "sdpa-flash": Attention(sdpa_flash_attention, "SDPA flash", pinned_backend=True),
     "sdpa-cudnn": Attention(sdpa_cudnn_attention, "SDPA cuDNN", pinned_backend=True),
     "flash-triton": Attention(flash_triton_attention, "Triton FA2",
-                              "cs336_systems.kernels.flash_triton"),
+                              "cs336_systems.kernels.flash_triton",
+                              forward_op="cs336::flash_attn_fwd"),
     "flash-triton-ieee": Attention(flash_triton_ieee_attention, "Triton FA2, fp32 in IEEE",
-                                   "cs336_systems.kernels.flash_triton"),
+                                   "cs336_systems.kernels.flash_triton",
+                                   forward_op="cs336::flash_attn_fwd"),
     "flash-pytorch": Attention(flash_pytorch_attention, "PyTorch FA2 (tiled)",
                                "cs336_systems.kernels.flash_pytorch"),
     "fa4": Attention(fa4_attention, "FlashAttention-4", "cs336_systems.lm.fa4",
-                     unavailable=fa4_unavailable_reason),
+                     unavailable=fa4_unavailable_reason, forward_op="cs336::fa4_fwd"),
 }
+# the forward operators of the registry's custom kernels
+CUSTOM_FORWARD_OPS = frozenset(a.forward_op for a in ATTENTION_IMPLEMENTATIONS.values()
+                               if a.forward_op)
 
 
 def _lookup(name: str) -> Attention:

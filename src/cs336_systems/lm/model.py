@@ -20,7 +20,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from cs336_systems.lm.attention import AttentionFn, get_attention
+from cs336_systems.lm.attention import CUSTOM_FORWARD_OPS, AttentionFn, get_attention
 from cs336_systems.lm.sizes import (  # noqa: F401 - imported from here by many modules
     MODEL_SIZES,
     VOCAB_SIZE,
@@ -177,14 +177,12 @@ ATTENTION_OPS = frozenset((
     torch.ops.aten._scaled_dot_product_cudnn_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
 ))
-# The forward operators of our Triton kernel (kernels/flash_triton.py) and of FlashAttention-4
-# (lm/fa4.py), by name: importing them here would import Triton.
-CUSTOM_ATTENTION_OPS = frozenset(("cs336.flash_attn_fwd", "cs336.fa4_fwd"))
 
 
 def _is_attention(op) -> bool:
-    """SDPA's fused kernels and the attention registry's custom forward operators."""
-    return op in ATTENTION_OPS or str(op).rsplit(".", 1)[0] in CUSTOM_ATTENTION_OPS
+    """SDPA's fused kernels and the attention registry's custom forward operators (by name, as
+    `namespace::name`: importing the kernels here would import Triton)."""
+    return op in ATTENTION_OPS or op.name() in CUSTOM_FORWARD_OPS
 
 
 def _save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
