@@ -562,6 +562,7 @@ def flash_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv from the forward's o and logsumexp: D = rowsum(dO * O) in PyTorch, then the
     key-tile kernel (dK, dV) and the query-tile kernel (dQ)."""
+    check_inputs(q, k, v)
     batch, heads, seq, d = q.shape
     q2, k2, v2, do2 = _rows(q, k, v, grad_o)
     delta = (grad_o.float() * o.float()).sum(-1).contiguous()       # (batch, heads, seq)
@@ -647,10 +648,10 @@ def _resource_usage(kernel: str, d: int, is_causal: bool, tiles: Tiles,
     fn = {"forward": attention_fwd_kernel, "forward-overlap": attention_fwd_kernel,
           "dkdv": attention_dkdv_kernel, "dq": attention_dq_kernel}[kernel]
     constants = {"HEAD_D": d, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
-                 "STAGES": tiles.stages, "CAUSAL": is_causal,
-                 **({"OVERLAP": kernel == "forward-overlap"} if fn is attention_fwd_kernel
-                    else {}),
-                 "num_warps": tiles.num_warps}
+                 "STAGES": tiles.stages, "CAUSAL": is_causal}
+    if fn is attention_fwd_kernel:                  # its schedule, in the arguments' order
+        constants["OVERLAP"] = kernel == "forward-overlap"
+    constants["num_warps"] = tiles.num_warps
     signature = {**_signature(kernel, d, tiles, dtype), **dict.fromkeys(constants, "constexpr")}
     compiled = triton.compile(GluonASTSource(fn, signature, constants),
                               target=GPUTarget("cuda", 90, 32),
