@@ -26,7 +26,10 @@ A program's warps are num_warps // 4 warpgroups, which split the rows of each wg
 The TMA descriptors see q, k, v and dO as 2-D (batch * heads * seq, d) tensors: a tile that
 runs past its head's last row reads the next head's rows (zeros past the tensor's end); the
 masks (keys >= seq, queries >= seq) and the masked stores make them harmless. Tiles wholly off
-the causal diagonal and inside the sequence run without a mask; the others with one.
+the causal diagonal and inside the sequence run without a mask; the others with one. The choice
+is a branch around the mask alone, never around a wgmma: with the products inside a runtime
+branch, Triton 3.6 compiled kernels that computed wrong scores in the branch's tiles (and read
+shared memory out of range in the backward), found by the GPU tests on an H200.
 
 `compile_for_sm90` compiles a kernel's configuration for sm90a on any machine (no GPU needed)
 and returns what ptxas allotted: registers, spilled bytes, shared memory (`TILES` was chosen by
@@ -139,20 +142,36 @@ def _key_tiles(start_m, seq, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, start_m, start_n, seq, qk_scale, s_layout: gl.constexpr,
-                  p_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr,
+def _mask_walked(x, own_start, walked_start, seq, fill, layout: gl.constexpr,
+                 OWN: gl.constexpr, WALKED: gl.constexpr, OWN_IS_QUERY: gl.constexpr,
+                 CAUSAL: gl.constexpr):
+    """x (the program's own rows by the walked tile's columns) with `fill` where the walked
+    index is past the sequence's end or, under the causal mask, where the key comes after the
+    query: query i sees keys 0..i. The own rows are queries in the forward and dQ, keys in
+    dK and dV (whose products are transposed)."""
+    own = own_start + gl.arange(0, OWN, gl.SliceLayout(1, layout))
+    walked = walked_start + gl.arange(0, WALKED, gl.SliceLayout(0, layout))
+    keep = walked[None, :] < seq
+    if CAUSAL:
+        if OWN_IS_QUERY:
+            keep = keep & (walked[None, :] <= own[:, None])
+        else:
+            keep = keep & (walked[None, :] >= own[:, None])
+    return gl.where(keep, x, fill)
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, start_m, start_n, seq, qk_scale, masked,
+                  s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                   DTYPE: gl.constexpr):
     """The online softmax of one score tile (FA-2, Algorithm 1, lines 8-10), in base 2: P in
-    the P V product's operand layout, the factor that rescales O, and the new row max and sum."""
+    the P V product's operand layout, the factor that rescales O, and the new row max and sum.
+    `masked`: the tile crosses the causal diagonal or the sequence's end."""
     s = s * qk_scale
-    if MASK:  # the diagonal tile of a causal program, or the keys past the sequence's end
-        cols = start_n + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
-        keep = cols[None, :] < seq
-        if CAUSAL:
-            rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, s_layout))
-            keep = keep & (cols[None, :] <= rows[:, None])
-        s = gl.where(keep, s, -float("inf"))
+    if masked:
+        s = _mask_walked(s, start_m, start_n, seq, -float("inf"), s_layout, BLOCK_M, BLOCK_N,
+                         True, CAUSAL)
     m_new = gl.maximum(m_i, gl.max(s, axis=1))
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s - m_new[:, None])
@@ -162,16 +181,15 @@ def _softmax_step(s, m_i, l_i, start_m, start_n, seq, qk_scale, s_layout: gl.con
 
 
 @gluon.jit
-def _attend_tile(q_smem, k_tile, v_tile, acc, m_i, l_i, start_m, start_n, seq, qk_scale,
+def _attend_tile(q_smem, k_tile, v_tile, acc, m_i, l_i, start_m, start_n, seq, qk_scale, masked,
                  s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
-                 CAUSAL: gl.constexpr):
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """One K/V tile, each product waited for: S = Q K^T, the softmax, O = alpha O + P V."""
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p16, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, start_m, start_n, seq, qk_scale, s_layout,
-                                         p_layout, o_layout, BLOCK_M, BLOCK_N, MASK, CAUSAL,
+    p16, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, start_m, start_n, seq, qk_scale, masked,
+                                         s_layout, p_layout, o_layout, BLOCK_M, BLOCK_N, CAUSAL,
                                          v_tile.dtype)
     acc = warpgroup_mma(p16, v_tile, acc * alpha[:, None], is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -234,16 +252,9 @@ def _waited_tiles(k_desc, v_desc, q_smem, k_smem, v_smem, kv_ready, head_row, st
                         STAGES)
         slot = j % STAGES
         mbarrier.wait(kv_ready.index(slot), (j // STAGES) & 1)
-        if j < n_full:
-            acc, m_i, l_i = _attend_tile(q_smem, k_smem.index(slot), v_smem.index(slot), acc,
-                                         m_i, l_i, start_m, j * BLOCK_N, seq, qk_scale,
-                                         s_layout, p_layout, o_layout, BLOCK_M, BLOCK_N,
-                                         False, CAUSAL)
-        else:
-            acc, m_i, l_i = _attend_tile(q_smem, k_smem.index(slot), v_smem.index(slot), acc,
-                                         m_i, l_i, start_m, j * BLOCK_N, seq, qk_scale,
-                                         s_layout, p_layout, o_layout, BLOCK_M, BLOCK_N,
-                                         True, CAUSAL)
+        acc, m_i, l_i = _attend_tile(q_smem, k_smem.index(slot), v_smem.index(slot), acc, m_i,
+                                     l_i, start_m, j * BLOCK_N, seq, qk_scale, j >= n_full,
+                                     s_layout, p_layout, o_layout, BLOCK_M, BLOCK_N, CAUSAL)
     return acc, m_i, l_i
 
 
@@ -275,14 +286,9 @@ def _overlapped_tiles(k_desc, v_desc, q_smem, k_smem, v_smem, kv_ready, head_row
         mbarrier.wait(kv_ready.index(ahead % STAGES), (ahead // STAGES) & 1)
         s_next = warpgroup_mma(q_smem, k_smem.index(ahead % STAGES).permute((1, 0)), zero,
                                use_acc=False, is_async=True)
-        if j < n_full:
-            p16, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, start_m, j * BLOCK_N, seq,
-                                                 qk_scale, s_layout, p_layout, o_layout,
-                                                 BLOCK_M, BLOCK_N, False, CAUSAL, dtype)
-        else:
-            p16, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, start_m, j * BLOCK_N, seq,
-                                                 qk_scale, s_layout, p_layout, o_layout,
-                                                 BLOCK_M, BLOCK_N, True, CAUSAL, dtype)
+        p16, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, start_m, j * BLOCK_N, seq, qk_scale,
+                                             j >= n_full, s_layout, p_layout, o_layout,
+                                             BLOCK_M, BLOCK_N, CAUSAL, dtype)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))      # P_{j-1} V_{j-1} done
         acc = warpgroup_mma(p16, v_smem.index(j % STAGES), acc * alpha[:, None], is_async=True)
         nxt = j + STAGES - 1                  # into the slot that P_{j-1} V_{j-1} has read
@@ -314,11 +320,12 @@ def _store_outputs(o_ptr, lse_ptr, acc, m_i, l_i, head_row, start_m, seq,
 
 @gluon.jit
 def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, dk, dv, lse2_ptr, delta_ptr, head_row,
-               start_n, start_m, seq, qk_scale, st_layout: gl.constexpr,
+               start_n, start_m, seq, qk_scale, masked, st_layout: gl.constexpr,
                op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               MASK: gl.constexpr, CAUSAL: gl.constexpr):
+               CAUSAL: gl.constexpr):
     """One query tile's share of a key tile's dK and dV, transposed (keys are rows): S^T = K Q^T,
-    P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q (lines 11-16)."""
+    P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q (lines 11-16).
+    `masked`: the tile crosses the causal diagonal or the sequence's end."""
     rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))   # queries
     lse2 = gl.load(lse2_ptr + head_row + rows, mask=rows < seq, other=0.0)
     delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
@@ -327,12 +334,9 @@ def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, dk, dv, lse2_ptr, delta_ptr, hea
     dpt = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
     st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
     pt = gl.exp2(st * qk_scale - lse2[None, :])
-    if MASK:  # queries past the sequence's end, or before the key under the causal mask
-        cols = start_n + gl.arange(0, BLOCK_N, gl.SliceLayout(1, st_layout))  # keys
-        keep = rows[None, :] < seq
-        if CAUSAL:
-            keep = keep & (rows[None, :] >= cols[:, None])
-        pt = gl.where(keep, pt, 0.0)
+    if masked:
+        pt = _mask_walked(pt, start_n, start_m, seq, 0.0, st_layout, BLOCK_N, BLOCK_M, False,
+                          CAUSAL)
     dst = pt * (dpt - delta[None, :])
     pt16 = gl.convert_layout(pt.to(q_tile.dtype), op_layout)
     dst16 = gl.convert_layout(dst.to(q_tile.dtype), op_layout)
@@ -384,14 +388,9 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse2_
         needs_mask = start_m + BLOCK_M > seq
         if CAUSAL:
             needs_mask = needs_mask | (start_m < start_n + BLOCK_N)
-        if needs_mask:
-            dk, dv = _dkdv_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), dk, dv,
-                                lse2_ptr, delta_ptr, head_row, start_n, start_m, seq, qk_scale,
-                                st_layout, op_layout, BLOCK_M, BLOCK_N, True, CAUSAL)
-        else:
-            dk, dv = _dkdv_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), dk, dv,
-                                lse2_ptr, delta_ptr, head_row, start_n, start_m, seq, qk_scale,
-                                st_layout, op_layout, BLOCK_M, BLOCK_N, False, CAUSAL)
+        dk, dv = _dkdv_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), dk, dv,
+                            lse2_ptr, delta_ptr, head_row, start_n, start_m, seq, qk_scale,
+                            needs_mask, st_layout, op_layout, BLOCK_M, BLOCK_N, CAUSAL)
 
     mbarrier.invalidate(kv_ready)
     for i in gl.static_range(STAGES):
@@ -402,22 +401,17 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse2_
 
 @gluon.jit
 def _dq_tile(q_smem, do_smem, k_tile, v_tile, dq, lse2, delta, start_m, start_n, seq, qk_scale,
-             s_layout: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-             BLOCK_N: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+             masked, s_layout: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+             BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """One key tile's share of a query tile's dQ: S = Q K^T, P, dP = dO V^T, dS = P (dP - D),
-    dQ += dS K (lines 11-15)."""
+    dQ += dS K (lines 11-15). `masked`: as in `_dkdv_tile`."""
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
     dp = warpgroup_mma(do_smem, v_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
     s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
     p = gl.exp2(s * qk_scale - lse2[:, None])
-    if MASK:  # keys past the sequence's end, or after the query under the causal mask
-        cols = start_n + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
-        keep = cols[None, :] < seq
-        if CAUSAL:
-            rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, s_layout))
-            keep = keep & (cols[None, :] <= rows[:, None])
-        p = gl.where(keep, p, 0.0)
+    if masked:
+        p = _mask_walked(p, start_m, start_n, seq, 0.0, s_layout, BLOCK_M, BLOCK_N, True, CAUSAL)
     ds = gl.convert_layout((p * (dp - delta[:, None])).to(k_tile.dtype), op_layout)
     dq = warpgroup_mma(ds, k_tile, dq, is_async=True)
     return warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
@@ -457,14 +451,9 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse2_ptr, delta
                         STAGES)
         slot = j % STAGES
         mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-        if j < n_full:
-            dq = _dq_tile(q_smem, do_smem, k_smem.index(slot), v_smem.index(slot), dq, lse2,
-                          delta, start_m, j * BLOCK_N, seq, qk_scale, s_layout, op_layout,
-                          BLOCK_M, BLOCK_N, False, CAUSAL)
-        else:
-            dq = _dq_tile(q_smem, do_smem, k_smem.index(slot), v_smem.index(slot), dq, lse2,
-                          delta, start_m, j * BLOCK_N, seq, qk_scale, s_layout, op_layout,
-                          BLOCK_M, BLOCK_N, True, CAUSAL)
+        dq = _dq_tile(q_smem, do_smem, k_smem.index(slot), v_smem.index(slot), dq, lse2, delta,
+                      start_m, j * BLOCK_N, seq, qk_scale, j >= n_full, s_layout, op_layout,
+                      BLOCK_M, BLOCK_N, CAUSAL)
 
     mbarrier.invalidate(q_ready)
     for i in gl.static_range(STAGES):
