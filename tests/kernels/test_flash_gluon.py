@@ -91,5 +91,40 @@ def test_unsupported_inputs_say_what_is_supported():
     with pytest.raises(ValueError, match=r"one \(batch, heads, seq, d\) shape"):
         check_inputs(q, q[:, :1], q)
     if not HOPPER:
-        with pytest.raises(ValueError, match="runs on a Hopper GPU"):
+        with pytest.raises(ValueError, match="on a Hopper GPU"):
             check_inputs(q, q, q)
+
+
+def test_flash_gluon_falls_back_to_the_triton_kernel_saying_why(caplog):
+    """Where the Gluon kernels cannot run (here: the CPU, or a head dimension of 32), the
+    registry's flash-gluon is the Triton FA2's result, with the reason logged."""
+    from cs336_systems.lm.attention import get_attention
+    device = "cuda" if HOPPER else "cpu"
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 40, 32, device=device) for _ in range(3))
+    with caplog.at_level("WARNING"):
+        o = get_attention("flash-gluon")(q, k, v, is_causal=True)
+    expected = get_attention("flash-triton")(q, k, v, is_causal=True)
+    torch.testing.assert_close(o, expected, rtol=0, atol=0)
+    assert "flash-gluon runs the Triton FA2 here" in caplog.text
+
+
+@needs_hopper
+@pytest.mark.parametrize("compiled", [False, True])
+def test_registry_choice_matches_float64_eager_and_compiled(compiled):
+    """`flash-gluon` as the models call it: (batch, heads, seq, d) views of a (batch, seq,
+    heads, d) projection, through the operators under torch.compile."""
+    from cs336_systems.lm.attention import get_attention
+    torch.manual_seed(7)
+    qkv = torch.randn(2, 300, 3, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grad_o = torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16)
+    attend = get_attention("flash-gluon")
+    if compiled:
+        attend = torch.compile(attend, fullgraph=True)
+    q, k, v = qkv.unbind(2)
+    attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), True).backward(grad_o)
+    qkv64 = qkv.detach().double().requires_grad_()
+    q, k, v = (t.transpose(1, 2) for t in qkv64.unbind(2))
+    _reference(q, k, v, True)[0].backward(grad_o.double())
+    error = (qkv.grad.double() - qkv64.grad).norm() / qkv64.grad.norm()
+    assert error < 2e-2, f"gradients: relative error {error:.3g}"

@@ -6,6 +6,7 @@
 # flash-triton and nothing else.
 
 from cs336_systems.lm.attention import ATTENTION_IMPLEMENTATIONS, attention_modules
+from cs336_systems.sections.flash.kernel_variants import variant_modules
 from cs336_systems.sections.flash.targets import GROUPS, group_args, group_modules
 from cs336_systems.lm.precision import PRECISIONS
 
@@ -104,12 +105,13 @@ rule flash_speed:
         JOB_SCRIPT
 
 
-# Where forward+backward time goes, kernel by kernel: ours (and its atomic-dQ variant) beside
-# SDPA's cuDNN and flash backends, profiled in one process per shape.
+# Where forward+backward time goes, kernel by kernel: ours (and its atomic-dQ variant) and the
+# Gluon kernels beside SDPA's cuDNN and flash backends and FlashAttention-4, profiled in one
+# process per shape.
 rule flash_kernels:
     input:
         sources("cs336_systems.sections.flash.kernel_profile", "cs336_systems.kernels.launch",
-                *attention_modules("flash-triton")),
+                *variant_modules()),
     output:
         KERNELS_RECORD,
     log:

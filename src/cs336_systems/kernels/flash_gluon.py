@@ -3,8 +3,10 @@ shared memory, the TMA loads into rings of STAGES buffers with an mbarrier each,
 `warpgroup_mma` (wgmma) for every matrix product are written out, where `tl` leaves them to
 the compiler. The forward comes in two schedules: each wgmma waited for at once, and
 FlashAttention-3's overlap of one tile's softmax with the next tile's S and this tile's P V
-(`overlap`). Until its GPU tests have run it is not an attention choice of `lm.attention`;
-warp specialization is issue 48's next step.
+(`overlap`). `lm.attention` registers it as the attention choice `flash-gluon` (the Triton FA2
+where these kernels cannot take the inputs); torch.compile sees two custom operators,
+`cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd`. No warp specialization yet: every warp
+both loads and computes.
 
     o, lse = flash_gluon_forward(q, k, v, is_causal)        # (batch, heads, seq, d)
     o, lse = flash_gluon_forward(q, k, v, is_causal, overlap=True)   # FA-3's overlap
@@ -38,6 +40,7 @@ it).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -48,6 +51,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -59,11 +63,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from cs336_systems.kernels.checks import triton_interpreting
+from cs336_systems.kernels.launch import eager_on_plain_tensors
 
 # Triton 3.6 (torch 2.11's) names the TMA load async_copy_global_to_shared, later ones async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 LOG2_E = 1.4426950408889634
+LOG2_E_GL = gl.constexpr(LOG2_E)
 LN_2 = gl.constexpr(0.6931471805599453)
 SUPPORTED_HEAD_DIMS = (64, 128)
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
@@ -314,12 +320,13 @@ def _store_outputs(o_ptr, lse_ptr, acc, m_i, l_i, head_row, start_m, seq,
 
 
 # --- backward (FlashAttention-2, Algorithm 2): dK and dV from key tiles, dQ from query tiles --
-# Both recompute the probabilities from the forward's logsumexp (lse2, in base 2) and take
-# D = rowsum(dO * O) (`delta`), which the launch computes once; scores in base 2 as above.
+# Both recompute the probabilities from the forward's logsumexp (read in natural log, used in
+# base 2 as the scores are) and take D = rowsum(dO * O) (`delta`): the dQ kernel, launched
+# first, computes each of its rows' D and stores it for the key-tile kernel.
 
 
 @gluon.jit
-def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, dk, dv, lse2_ptr, delta_ptr, head_row,
+def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, dk, dv, lse_ptr, delta_ptr, head_row,
                start_n, start_m, seq, qk_scale, masked, st_layout: gl.constexpr,
                op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                CAUSAL: gl.constexpr):
@@ -327,7 +334,7 @@ def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, dk, dv, lse2_ptr, delta_ptr, hea
     P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q (lines 11-16).
     `masked`: the tile crosses the causal diagonal or the sequence's end."""
     rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))   # queries
-    lse2 = gl.load(lse2_ptr + head_row + rows, mask=rows < seq, other=0.0)
+    lse2 = gl.load(lse_ptr + head_row + rows, mask=rows < seq, other=0.0) * LOG2_E_GL
     delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
     zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
     st = warpgroup_mma(k_smem, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -347,7 +354,7 @@ def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, dk, dv, lse2_ptr, delta_ptr, hea
 
 
 @gluon.jit
-def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse2_ptr,
+def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse_ptr,
                           delta_ptr, seq, qk_scale, sm_scale, HEAD_D: gl.constexpr,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           CAUSAL: gl.constexpr, num_warps: gl.constexpr):
@@ -389,7 +396,7 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse2_
         if CAUSAL:
             needs_mask = needs_mask | (start_m < start_n + BLOCK_N)
         dk, dv = _dkdv_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), dk, dv,
-                            lse2_ptr, delta_ptr, head_row, start_n, start_m, seq, qk_scale,
+                            lse_ptr, delta_ptr, head_row, start_n, start_m, seq, qk_scale,
                             needs_mask, st_layout, op_layout, BLOCK_M, BLOCK_N, CAUSAL)
 
     mbarrier.invalidate(kv_ready)
@@ -418,8 +425,8 @@ def _dq_tile(q_smem, do_smem, k_tile, v_tile, dq, lse2, delta, start_m, start_n,
 
 
 @gluon.jit
-def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse2_ptr, delta_ptr, seq,
-                        qk_scale, sm_scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, o_ptr, do_ptr, lse_ptr,
+                        delta_ptr, seq, qk_scale, sm_scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                         num_warps: gl.constexpr):
     pid_m = gl.program_id(0)            # which BLOCK_M queries
@@ -439,8 +446,10 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse2_ptr, delta
     n_tiles, n_full = _key_tiles(start_m, seq, BLOCK_M, BLOCK_N, CAUSAL)
     _fill_ring(k_desc, v_desc, k_smem, v_smem, ready, head_row, n_tiles, BLOCK_N, STAGES)
     rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, s_layout))
-    lse2 = gl.load(lse2_ptr + head_row + rows, mask=rows < seq, other=0.0)
-    delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
+    lse2 = gl.load(lse_ptr + head_row + rows, mask=rows < seq, other=0.0) * LOG2_E_GL
+    delta = gl.convert_layout(_row_dots(o_ptr, do_ptr, head_row, start_m, seq, HEAD_D, BLOCK_M,
+                                        num_warps), gl.SliceLayout(1, s_layout))
+    gl.store(delta_ptr + head_row + rows, delta, mask=rows < seq)   # for the key-tile kernel
     dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, acc_layout)
     mbarrier.wait(q_ready, 0)
 
@@ -459,6 +468,22 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse2_ptr, delta
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
     _store_rows(dq_ptr, dq * sm_scale, head_row, start_m, seq, acc_layout, HEAD_D, BLOCK_M)
+
+
+@gluon.jit
+def _row_dots(a_ptr, b_ptr, head_row, start, seq, HEAD_D: gl.constexpr, BLOCK: gl.constexpr,
+              num_warps: gl.constexpr):
+    """rowsum(a * b) in fp32 of BLOCK rows from `start` of two (batch * heads * seq, d) tensors,
+    rows past seq zero: D = rowsum(dO * O) (Algorithm 2, line 4)."""
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                            warps_per_cta=[num_warps, 1], order=[1, 0])
+    rows = start + gl.arange(0, BLOCK, gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HEAD_D, gl.SliceLayout(0, layout))
+    offsets = (head_row + rows)[:, None] * HEAD_D + cols[None, :]
+    inside = (rows < seq)[:, None]
+    a = gl.load(a_ptr + offsets, mask=inside, other=0.0).to(gl.float32)
+    b = gl.load(b_ptr + offsets, mask=inside, other=0.0).to(gl.float32)
+    return gl.sum(a * b, axis=1)
 
 
 @gluon.jit
@@ -484,51 +509,64 @@ class Tiles:
 
 
 KERNELS = ("forward", "forward-overlap", "dkdv", "dq")
-# per kernel and head dim, from compile_for_sm90 (no spills, within an SM's shared memory):
-# d 128 with 128-key forward tiles holds 164 KB and 220 registers a thread; 64-key tiles leave
-# room for a second program per SM
+# Per kernel and head dim: the fastest of a sweep of tiles, rows of the walked tiles, ring slots
+# and warps, each compiled without spills (compile_for_sm90), timed on an H200 at 16 heads of
+# 16384 causal bf16 (Triton 3.6): at d 64 four warps and two programs an SM beat eight warps
+# and one, for every kernel but the overlapped forward (whose registers leave room for one).
 TILES = {
-    "forward": {64: Tiles(block_n=128), 128: Tiles(block_n=64)},
-    "forward-overlap": {64: Tiles(block_n=128, stages=3), 128: Tiles(block_n=64, stages=3)},
-    "dkdv": {64: Tiles(block_m=64, block_n=128), 128: Tiles(block_m=64, block_n=64, num_warps=4)},
-    "dq": {64: Tiles(block_m=128, block_n=64), 128: Tiles(block_m=64, block_n=64, num_warps=4)},
+    "forward": {64: Tiles(block_m=64, block_n=128, num_warps=4), 128: Tiles(block_n=64)},
+    "forward-overlap": {64: Tiles(block_n=64, stages=3),
+                        128: Tiles(block_m=64, block_n=64, stages=3, num_warps=4)},
+    "dkdv": {64: Tiles(block_m=128, block_n=64, num_warps=4),
+             128: Tiles(block_m=64, block_n=64, num_warps=4)},
+    "dq": {64: Tiles(block_m=64, block_n=64, stages=3, num_warps=4),
+           128: Tiles(block_m=64, block_n=64, num_warps=4)},
 }
 
 
-def _shared_layout(block: list[int], dtype) -> gl.NVMMASharedLayout:
-    return gl.NVMMASharedLayout.get_default_for(block, dtype)
+@functools.cache
+def _shared_layout(rows: int, d: int, dtype) -> gl.NVMMASharedLayout:
+    return gl.NVMMASharedLayout.get_default_for([rows, d], dtype)
 
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """What the kernels run on, each failure saying what is supported."""
+def unsupported_reason(q: Tensor, k: Tensor, v: Tensor) -> str | None:
+    """Why the kernels cannot take q, k and v here (each reason saying what is supported), or
+    None where they can."""
     if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(f"q, k, v must share one (batch, heads, seq, d) shape; got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        return (f"the Gluon kernels take q, k, v of one (batch, heads, seq, d) shape; got "
+                f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"the Gluon kernel supports d in {SUPPORTED_HEAD_DIMS}; got "
-                         f"{q.shape[-1]} (kernels.flash_triton takes any d up to 256)")
+        return (f"the Gluon kernels support d in {SUPPORTED_HEAD_DIMS}; got {q.shape[-1]} "
+                f"(kernels.flash_triton takes any d up to 256)")
     if q.dtype not in GL_DTYPES or len({q.dtype, k.dtype, v.dtype}) != 1:
-        raise ValueError(f"q, k, v must share one dtype of bfloat16, float16; got "
-                         f"{q.dtype}, {k.dtype}, {v.dtype}")
+        return (f"the Gluon kernels take q, k, v of one dtype of bfloat16, float16; got "
+                f"{q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
-        raise ValueError(f"the Gluon kernel runs on a Hopper GPU (sm90); got {q.device}")
+        return f"the Gluon kernels run on a Hopper GPU (sm90); got {q.device}"
+    return None
 
 
-def _rows(*tensors: torch.Tensor) -> list[torch.Tensor]:
+def check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Raises ValueError with `unsupported_reason` where the kernels cannot take the inputs."""
+    reason = unsupported_reason(q, k, v)
+    if reason:
+        raise ValueError(reason)
+
+
+def _rows(*tensors: Tensor) -> list[Tensor]:
     """(batch, heads, seq, d) tensors as the kernels' 2-D (batch * heads * seq, d) views."""
     return [t.contiguous().view(-1, t.shape[-1]) for t in tensors]
 
 
-def _descriptor(t: torch.Tensor, block_rows: int):
+def _descriptor(t: Tensor, block_rows: int):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    block = [block_rows, t.shape[1]]
-    return TensorDescriptor(t, list(t.shape), [t.shape[1], 1], block,
-                            _shared_layout(block, GL_DTYPES[t.dtype]))
+    rows, d = t.shape
+    return TensorDescriptor(t, [rows, d], [d, 1], [block_rows, d],
+                            _shared_layout(block_rows, d, GL_DTYPES[t.dtype]))
 
 
-def flash_gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        is_causal: bool = False, overlap: bool = False
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+                        overlap: bool = False) -> tuple[Tensor, Tensor]:
     """o and the logsumexp of softmax(q k^T / sqrt(d)) v, one launch (see the module); with
     `overlap`, the kernel that overlaps each tile's softmax with its neighbours' wgmmas."""
     check_inputs(q, k, v)
@@ -546,45 +584,111 @@ def flash_gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return o.view(q.shape), lse
 
 
-def flash_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                         lse: torch.Tensor, grad_o: torch.Tensor, is_causal: bool = False
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv from the forward's o and logsumexp: D = rowsum(dO * O) in PyTorch, then the
-    key-tile kernel (dK, dV) and the query-tile kernel (dQ)."""
+def _launch_backward(kernel, tiles: Tiles, own_rows: int, q2, k2, v2, do2, *args, seq: int,
+                     heads: int, d: int, is_causal: bool) -> None:
+    """One backward kernel: a program per `own_rows` rows of each head (keys for dK and dV,
+    queries for dQ), the descriptors of the tiles it owns and walks."""
+    kernel[(triton.cdiv(seq, own_rows), heads)](
+        _descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
+        _descriptor(v2, tiles.block_n), _descriptor(do2, tiles.block_m), *args, seq,
+        d ** -0.5 * LOG2_E, d ** -0.5, HEAD_D=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+        STAGES=tiles.stages, CAUSAL=is_causal, num_warps=tiles.num_warps)
+
+
+def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                         grad_o: Tensor, is_causal: bool = False
+                         ) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv from the forward's o and logsumexp: the query-tile kernel (dQ, and D =
+    rowsum(dO * O) for each of its rows), then the key-tile kernel (dK, dV), which reads D."""
     check_inputs(q, k, v)
     batch, heads, seq, d = q.shape
-    q2, k2, v2, do2 = _rows(q, k, v, grad_o)
-    delta = (grad_o.float() * o.float()).sum(-1).contiguous()       # (batch, heads, seq)
-    lse2 = (lse * LOG2_E).contiguous()
+    q2, k2, v2, do2, o2 = _rows(q, k, v, grad_o, o)
     dq, dk, dv = (torch.empty_like(t) for t in (q2, k2, v2))
-    scales = (d ** -0.5 * LOG2_E, d ** -0.5)                         # qk_scale, sm_scale
-    for kernel, outputs in ((attention_dkdv_kernel, (dk, dv)), (attention_dq_kernel, (dq,))):
-        tiles = TILES["dkdv" if kernel is attention_dkdv_kernel else "dq"][d]
-        # a program owns a key tile (dK, dV) or a query tile (dQ)
-        own = tiles.block_n if kernel is attention_dkdv_kernel else tiles.block_m
-        descriptors = (_descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
-                       _descriptor(v2, tiles.block_n), _descriptor(do2, tiles.block_m))
-        kernel[(triton.cdiv(seq, own), batch * heads)](
-            *descriptors, *outputs, lse2, delta, seq, *scales, HEAD_D=d,
-            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, STAGES=tiles.stages,
-            CAUSAL=is_causal, num_warps=tiles.num_warps)
+    lse = lse.contiguous()
+    delta = torch.empty_like(lse)
+    shape = {"seq": seq, "heads": batch * heads, "d": d, "is_causal": is_causal}
+    tiles = TILES["dq"][d]
+    _launch_backward(attention_dq_kernel, tiles, tiles.block_m, q2, k2, v2, do2, dq, o2, do2,
+                     lse, delta, **shape)
+    tiles = TILES["dkdv"][d]
+    _launch_backward(attention_dkdv_kernel, tiles, tiles.block_n, q2, k2, v2, do2, dk, dv, lse,
+                     delta, **shape)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
 
 
+# --- custom operators (what torch.compile sees: one opaque call each way) and autograd -------
+
+def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
+    batch, heads, seq, _ = q.shape
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            q.new_empty((batch, heads, seq), dtype=torch.float32))
+
+
+@torch.library.custom_op("cs336::flash_gluon_fwd", mutates_args=())
+def flash_gluon_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool,
+                    overlap: bool) -> tuple[Tensor, Tensor]:
+    return flash_gluon_forward(q, k, v, is_causal, overlap)
+
+
+@flash_gluon_fwd.register_fake
+def _flash_gluon_fwd_fake(q: Tensor, k: Tensor, v: Tensor, is_causal: bool,
+                          overlap: bool) -> tuple[Tensor, Tensor]:
+    return _forward_outputs(q)
+
+
+@torch.library.custom_op("cs336::flash_gluon_bwd", mutates_args=())
+def flash_gluon_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, grad_o: Tensor,
+                    is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return flash_gluon_backward(q, k, v, o, lse, grad_o, is_causal)
+
+
+@flash_gluon_bwd.register_fake
+def _flash_gluon_bwd_fake(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                          grad_o: Tensor, is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+
+
+def _gradients(ctx, grad_o: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    q, k, v, o, lse = ctx.saved_tensors
+    if eager_on_plain_tensors(q, grad_o):
+        return flash_gluon_backward(q, k, v, o, lse, grad_o, ctx.is_causal)
+    return torch.ops.cs336.flash_gluon_bwd(q, k, v, o, lse, grad_o, ctx.is_causal)
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, is_causal, _ = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.is_causal = is_causal
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_o: Tensor, _grad_lse) -> tuple[Tensor | None, ...]:
+    return *_gradients(ctx, grad_o), None, None
+
+
+flash_gluon_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
 class FlashAttentionGluon(torch.autograd.Function):
-    """o = attention(q, k, v) with the Gluon forward and backward: (batch, heads, seq, d)."""
+    """`FlashAttentionGluon.apply(q, k, v, is_causal=False, overlap=False)` -> o, for
+    (batch, heads, seq, d) inputs: the Gluon forward and backward, through the
+    `cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd` operators under torch.compile and
+    directly in eager mode (`launch.eager_on_plain_tensors`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal=False, overlap=False):
-        o, lse = flash_gluon_forward(q, k, v, is_causal, overlap)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal = is_causal
-        return o
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+                overlap: bool = False) -> Tensor:
+        if eager_on_plain_tensors(q):
+            output = flash_gluon_forward(q, k, v, is_causal, overlap)
+        else:
+            output = torch.ops.cs336.flash_gluon_fwd(q, k, v, is_causal, overlap)
+        _setup_context(ctx, (q, k, v, is_causal, overlap), output)
+        return output[0]
 
     @staticmethod
-    def backward(ctx, grad_o):
-        q, k, v, o, lse = ctx.saved_tensors
-        return (*flash_gluon_backward(q, k, v, o, lse, grad_o, ctx.is_causal), None, None)
+    def backward(ctx, grad_o: Tensor) -> tuple[Tensor | None, ...]:
+        return *_gradients(ctx, grad_o), None, None
 
 
 def compile_for_sm90(kernel: str, d: int, is_causal: bool, tiles: Tiles | None = None,
@@ -614,8 +718,8 @@ def _signature(kernel: str, d: int, tiles: Tiles, dtype: torch.dtype) -> dict:
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
     def descriptor(block_rows):
-        block = [block_rows, d]
-        return f"tensordesc<{name}[{block_rows}, {d}],{_shared_layout(block, GL_DTYPES[dtype])!r}>"
+        layout = _shared_layout(block_rows, d, GL_DTYPES[dtype])
+        return f"tensordesc<{name}[{block_rows}, {d}],{layout!r}>"
 
     q_rows, kv_rows = tiles.block_m, tiles.block_n      # query tiles, key tiles, every kernel
     tensors = {"q_desc": descriptor(q_rows), "k_desc": descriptor(kv_rows),
@@ -623,10 +727,13 @@ def _signature(kernel: str, d: int, tiles: Tiles, dtype: torch.dtype) -> dict:
     if kernel.startswith("forward"):
         return {**tensors, "o_ptr": f"*{name}", "lse_ptr": "*fp32", "seq": "i32",
                 "qk_scale": "fp32"}
-    outputs = ({"dk_ptr": f"*{name}", "dv_ptr": f"*{name}"} if kernel == "dkdv"
-               else {"dq_ptr": f"*{name}"})
-    return {**tensors, "do_desc": descriptor(q_rows), **outputs, "lse2_ptr": "*fp32",
-            "delta_ptr": "*fp32", "seq": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}
+    tensors["do_desc"] = descriptor(q_rows)
+    if kernel == "dkdv":
+        pointers = {"dk_ptr": f"*{name}", "dv_ptr": f"*{name}"}
+    else:
+        pointers = {"dq_ptr": f"*{name}", "o_ptr": f"*{name}", "do_ptr": f"*{name}"}
+    return {**tensors, **pointers, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "seq": "i32",
+            "qk_scale": "fp32", "sm_scale": "fp32"}
 
 
 def _resource_usage(kernel: str, d: int, is_causal: bool, tiles: Tiles,

@@ -75,7 +75,7 @@ from cs336_systems.kernels.checks import (
     require_triton_device,
 )
 from cs336_systems.kernels.flash_pytorch import compiled_flash_backward
-from cs336_systems.kernels.launch import direct
+from cs336_systems.kernels.launch import direct, eager_on_plain_tensors
 
 LOG2_E = tl.constexpr(1.4426950408889634)
 LN_2 = tl.constexpr(0.6931471805599453)
@@ -819,15 +819,6 @@ def _flash_attn_bwd_fake(q: Tensor, k: Tensor, v: Tensor, o: Tensor, logsumexp: 
 
 # --- autograd: the operator's, and the assignment's autograd.Function --------------------------
 
-def _direct(*tensors: Tensor) -> bool:
-    """Whether to launch the kernels directly (`launch.direct`) rather than through the
-    operators: in eager mode on plain tensors. Torch's custom-operator dispatch costs about
-    0.5 ms of host time per forward+backward (torch 2.11, H200), more than the kernels
-    themselves at small shapes, and wrap_triton outside an operator more still; torch.compile
-    (and fake or functional tensors) goes through the operators."""
-    return not torch.compiler.is_compiling() and all(type(t) is Tensor for t in tensors)
-
-
 def _save_for_backward(ctx, inputs: tuple, output: tuple[Tensor, Tensor],
                        atomic_dq: bool = False) -> None:
     """Keeps L, q, k, v and o, the tensors the assignment's backward reads, the mask flag, the
@@ -850,7 +841,7 @@ def _gradients(ctx, grad_o: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV from what `_save_for_backward` kept."""
     logsumexp, q, k, v, o = ctx.saved_tensors
     args = (q, k, v, o, logsumexp, grad_o, ctx.is_causal, ctx.precision, ctx.atomic_dq)
-    if _direct(q, grad_o):
+    if eager_on_plain_tensors(q, grad_o):
         return _flash_bwd(*args, wrap=direct)
     return torch.ops.cs336.flash_attn_bwd(*args)
 
@@ -865,7 +856,8 @@ flash_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 class FlashAttentionTriton(torch.autograd.Function):
     """`FlashAttentionTriton.apply(q, k, v, is_causal=False, precision=DEFAULT_FP32_PRECISION,
     atomic_dq=False)` -> o: Triton forward and backward, the `cs336::flash_attn_fwd` and
-    `cs336::flash_attn_bwd` operators (their bodies directly in eager mode, see `_direct`).
+    `cs336::flash_attn_bwd` operators (their bodies directly in eager mode:
+    `launch.eager_on_plain_tensors`).
     `precision` is fp32 inputs' (one of FP32_PRECISIONS), the backward multiplying as the
     forward did; `atomic_dq` adds dQ atomically from the key-tile kernel (outside torch's
     deterministic mode) instead of its own kernel."""
@@ -873,7 +865,7 @@ class FlashAttentionTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                 precision: str = DEFAULT_FP32_PRECISION, atomic_dq: bool = False) -> Tensor:
-        if _direct(q):
+        if eager_on_plain_tensors(q):
             output = _flash_fwd(q, k, v, is_causal, precision, wrap=direct)
         else:
             output = torch.ops.cs336.flash_attn_fwd(q, k, v, is_causal, precision)

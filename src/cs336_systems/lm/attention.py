@@ -5,13 +5,16 @@ out of shape (..., seq, d_head): the model calls it on (batch, heads, seq, d_hea
 benchmark on (batch, seq, d). Register new ones (annotated, compiled, other kernels) in
 `ATTENTION_IMPLEMENTATIONS`; the config schema's enums, the CLIs' choices, the report's labels
 and the selective checkpointing (a custom operator's `forward_op`) all read this registry. `sdpa` is SDPA with torch's own choice of backend; `sdpa-flash` and
-`sdpa-cudnn` pin one backend each; `fa4` is FlashAttention-4 (the `flash-attn-4` package, CuTe
+`sdpa-cudnn` pin one backend each; `flash-gluon` is our FlashAttention for Hopper in Gluon
+(the Triton FA2 where it cannot run); `fa4` is FlashAttention-4 (the `flash-attn-4` package, CuTe
 DSL kernels for Hopper and Blackwell), a peer that is not installed by default
 (`unavailable_reason` says where one cannot run).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import warnings
 from dataclasses import dataclass
@@ -171,6 +174,9 @@ def fa4_unavailable_reason(q: Tensor) -> str | None:
     return None
 
 
+FLASH_TRITON = "cs336_systems.kernels.flash_triton"
+
+
 def _per_head(kernel, q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
     """Run a (batch, seq, d) kernel over (..., seq, d) inputs by folding the leading dims."""
     lead = q.shape[:-2]
@@ -197,6 +203,26 @@ def flash_triton_ieee_attention(q: Tensor, k: Tensor, v: Tensor,
     return FlashAttentionTriton.apply(q, k, v, is_causal, "ieee")
 
 
+def flash_gluon_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+    """FlashAttention-2 for Hopper in Gluon (`kernels.flash_gluon`: TMA loads and wgmma written
+    out), on (batch, heads, seq, d) inputs or (batch, seq, d) ones as one head. Where its
+    kernels cannot take the inputs (a head dimension other than 64 or 128, fp32, a GPU other
+    than Hopper, the CPU), the Triton FA2 runs them, the reason logged once."""
+    from cs336_systems.kernels.flash_gluon import FlashAttentionGluon, unsupported_reason
+    if q.dim() == 3:
+        return flash_gluon_attention(q[:, None], k[:, None], v[:, None], is_causal)[:, 0]
+    reason = unsupported_reason(q, k, v)
+    if reason:
+        _log_fallback_once(f"flash-gluon runs the Triton FA2 here: {reason}")
+        return flash_triton_attention(q, k, v, is_causal)
+    return FlashAttentionGluon.apply(q, k, v, is_causal)
+
+
+@functools.cache
+def _log_fallback_once(message: str) -> None:
+    logging.getLogger(__name__).warning(message)
+
+
 def flash_pytorch_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
     """FlashAttention-2, tiled PyTorch forward and compiled PyTorch backward."""
     from cs336_systems.kernels.flash_pytorch import FlashAttentionPytorch
@@ -205,12 +231,12 @@ def flash_pytorch_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = F
 
 @dataclass(frozen=True)
 class Attention:
-    """One registered implementation: the callable, its label in tables, and the kernel module
-    it imports lazily (which a Snakemake rule running it must list as a source)."""
+    """One registered implementation: the callable, its label in tables, and the kernel modules
+    it imports lazily (which a Snakemake rule running it must list as sources)."""
 
     fn: Callable[..., Tensor]
     label: str
-    kernel_module: str | None = None
+    kernel_modules: tuple[str, ...] = ()
     pinned_backend: bool = False  # one SDPA backend only: may not run on every machine
     # an optional package's kernel: why it cannot take q here, or None
     unavailable: Callable[[Tensor], str | None] | None = None
@@ -225,15 +251,16 @@ ATTENTION_IMPLEMENTATIONS: dict[str, Attention] = {
     "sdpa": Attention(sdpa_attention, "torch SDPA"),
     "sdpa-flash": Attention(sdpa_flash_attention, "SDPA flash", pinned_backend=True),
     "sdpa-cudnn": Attention(sdpa_cudnn_attention, "SDPA cuDNN", pinned_backend=True),
-    "flash-triton": Attention(flash_triton_attention, "Triton FA2",
-                              "cs336_systems.kernels.flash_triton",
+    "flash-triton": Attention(flash_triton_attention, "Triton FA2", (FLASH_TRITON,),
                               forward_op="cs336::flash_attn_fwd"),
     "flash-triton-ieee": Attention(flash_triton_ieee_attention, "Triton FA2, fp32 in IEEE",
-                                   "cs336_systems.kernels.flash_triton",
-                                   forward_op="cs336::flash_attn_fwd"),
+                                   (FLASH_TRITON,), forward_op="cs336::flash_attn_fwd"),
+    "flash-gluon": Attention(flash_gluon_attention, "Gluon FA2 (sm90)",
+                             ("cs336_systems.kernels.flash_gluon", FLASH_TRITON),
+                             forward_op="cs336::flash_gluon_fwd"),
     "flash-pytorch": Attention(flash_pytorch_attention, "PyTorch FA2 (tiled)",
-                               "cs336_systems.kernels.flash_pytorch"),
-    "fa4": Attention(fa4_attention, "FlashAttention-4", "cs336_systems.lm.fa4",
+                               ("cs336_systems.kernels.flash_pytorch",)),
+    "fa4": Attention(fa4_attention, "FlashAttention-4", ("cs336_systems.lm.fa4",),
                      unavailable=fa4_unavailable_reason, forward_op="cs336::fa4_fwd"),
 }
 # the forward operators of the registry's custom kernels
@@ -259,5 +286,4 @@ def attention_label(name: str) -> str:
 
 def attention_modules(name: str) -> list[str]:
     """Package modules a job running `name` imports lazily, for its rule's source inputs."""
-    module = _lookup(name).kernel_module
-    return [module] if module else []
+    return list(_lookup(name).kernel_modules)

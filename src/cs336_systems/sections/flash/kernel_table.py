@@ -21,6 +21,9 @@ from cs336_systems.report.render import fmt
 from cs336_systems.sections.flash.kernel_variants import NEEDED, VARIANTS, variant_label
 
 OURS, ATOMIC, REFERENCE = "flash-triton", "flash-triton-atomic-dq", "sdpa-cudnn"
+GLUON = "flash-gluon"  # our Gluon kernels for Hopper (kernels/flash_gluon.py)
+GLUON_KERNELS = {"forward": ("attention_fwd_kernel",),
+                 "backward": ("attention_dq_kernel", "attention_dkdv_kernel")}
 PEER = "fa4"  # FlashAttention-4, the other stock kernel set beside cuDNN's, where installed
 KEY_TILE_KERNEL = "flash_bwd_kernel"  # ours whose work changes with atomic dQ
 PASSES = ("forward", "backward")
@@ -162,6 +165,27 @@ def backward_gap(backward: dict | None, rates: dict | None) -> str | None:
     return "work" if rates["ratio"] >= 1 else "rate"
 
 
+def gluon_facts(passes: dict, binaries: dict) -> dict | None:
+    """The Gluon kernels against cuDNN, pass by pass: the time (`speedup`, ratio = cuDNN / ours),
+    the matmul units they execute and at what rate, against the rate at which cuDNN does the
+    units the pass needs (`rate_ratio` = ours / cuDNN), and what each kernel's binary asks of a
+    multiprocessor; None where the Gluon kernels did not run."""
+    out = {}
+    for pass_name in PASSES:
+        ours, reference = passes.get((GLUON, pass_name)), passes.get((REFERENCE, pass_name))
+        if ours is None or reference is None or not ours["executed_tflops"]:
+            continue
+        out[pass_name] = {
+            "versus": _compare(passes, GLUON, REFERENCE, pass_name),
+            "executed_units": ours["executed_units"], "needed_units": ours["needed_units"],
+            "executed_tflops": ours["executed_tflops"],
+            "reference_tflops": reference["needed_tflops"],
+            "rate_ratio": ours["executed_tflops"] / reference["needed_tflops"],
+            "kernels": [{"name": name, **binaries[name]} for name in GLUON_KERNELS[pass_name]
+                        if name in binaries]}
+    return out or None
+
+
 def shape_facts(record: dict) -> dict:
     base = _base(record)
     if record["status"] != "ok":
@@ -191,6 +215,7 @@ def shape_facts(record: dict) -> dict:
             "peer": {p: _compare(passes, OURS, PEER, p) for p in ("forward", "backward")}
             if (PEER, "forward") in passes else None,
             "rates": rates, "recompute": recompute_facts(passes, record["metrics"]["binaries"]),
+            "gluon": gluon_facts(passes, record["metrics"]["binaries"]),
             "steps": len(record["metrics"]["kernels"][0]["step_ms"])
             if record["metrics"]["kernels"] else 0,
             "skipped": [{"label": variant_label(v["variant"]),
@@ -203,4 +228,5 @@ def kernel_facts(record_paths: list[str], csv: str) -> dict:
     return {"shapes": [shape_facts(r) for r in records], "csv": csv,
             "ours_label": variant_label(OURS), "atomic_label": variant_label(ATOMIC),
             "reference_label": variant_label(REFERENCE), "peer_label": variant_label(PEER),
+            "gluon_label": variant_label(GLUON),
             "needed": NEEDED}

@@ -7,7 +7,7 @@ torch.profiler capture, within a `record_function` range named after it and one 
 (`measure.profiling.kernel_table` gives each kernel's device time by range): each kernel's
 device milliseconds in each step, so that a table can show the spread from step to step.
 
-For each of our Triton kernels the record also keeps what its compiled binary asks of a
+For each of our kernels (the Triton FA2's and the Gluon ones) the record also keeps what its compiled binary asks of a
 multiprocessor (warps, registers a thread, spilled registers, shared memory) and how many of
 its programs fit on one at once (`kernel_variants.occupancy`). A GPU-only job: on a CPU it
 records `skipped`.
@@ -23,9 +23,8 @@ from cs336_systems.measure.profiling import capture, kernel_table, trace_events
 from cs336_systems.measure.timing import synchronize
 from cs336_systems.pipeline.records import Skip
 from cs336_systems.sections.flash.kernel_variants import (
+    MATMULS,
     NEEDED,
-    OUR_MATMULS,
-    OUR_MATMULS_ATOMIC,
     VARIANTS,
     kernel_pass,
     occupancy,
@@ -37,26 +36,35 @@ WARMUP = 2
 
 
 def binaries() -> dict[str, dict]:
-    """What each of our compiled Triton kernels asks of a multiprocessor, by kernel name: the
-    binaries of this process's direct launches (`kernels.launch`), one per signature, the last
-    one compiled of each name (one shape here)."""
+    """What each of our compiled kernels asks of a multiprocessor, by kernel name, the last one
+    compiled of each name (one shape here): the Triton FA2's binaries of this process's direct
+    launches (`kernels.launch`), the Gluon kernels' from their JIT caches."""
     from triton.runtime import driver
 
-    from cs336_systems.kernels import flash_triton
+    from cs336_systems.kernels import flash_gluon, flash_triton
     from cs336_systems.kernels.launch import direct
 
-    properties = driver.active.utils.get_device_properties(torch.cuda.current_device())
+    device = torch.cuda.current_device()
+    properties = driver.active.utils.get_device_properties(device)
+
+    def asks(binary) -> dict:
+        warps, shared = binary.metadata.num_warps, binary.metadata.shared
+        return {"warps": warps, "registers": binary.n_regs, "spills": binary.n_spills,
+                "shared_kib": shared / 1024,
+                **occupancy(binary.n_regs, warps, shared, properties["max_num_regs"],
+                            properties["max_shared_mem"])}
     out = {}
     for kernel in (flash_triton.flash_fwd_kernel, flash_triton.flash_bwd_kernel,
                    flash_triton.flash_bwd_dq_kernel, flash_triton.flash_bwd_prepare_kernel):
         for binary, constants in direct(kernel).binaries.values():
-            warps, shared = binary.metadata.num_warps, binary.metadata.shared
             atomic = dict(zip(kernel.arg_names[-len(constants):], constants)).get("ATOMIC_DQ")
-            name = kernel.__name__ + ("[atomic dQ]" if atomic else "")
-            out[name] = {"warps": warps, "registers": binary.n_regs, "spills": binary.n_spills,
-                         "shared_kib": shared / 1024,
-                         **occupancy(binary.n_regs, warps, shared, properties["max_num_regs"],
-                                     properties["max_shared_mem"])}
+            out[kernel.__name__ + ("[atomic dQ]" if atomic else "")] = asks(binary)
+    for kernel in (flash_gluon.attention_fwd_kernel, flash_gluon.attention_dq_kernel,
+                   flash_gluon.attention_dkdv_kernel):
+        compiled = kernel.device_caches[device][0]   # the JIT's binaries on this device
+        for binary in compiled.values():
+            if getattr(binary, "n_regs", None) is not None:     # loaded: launched here
+                out[kernel.__name__] = asks(binary)
     return out
 
 
@@ -113,9 +121,7 @@ def measure(config: dict, device: torch.device) -> dict:
     for row in rows:
         variant, kernel = row["variant"], row["kernel"]
         if (variant, kernel) not in kernels:
-            atomic = VARIANTS[variant][1]
-            units = (OUR_MATMULS_ATOMIC if atomic else OUR_MATMULS).get(kernel, 0) \
-                if variant.startswith("flash-triton") else None
+            units = MATMULS[variant].get(kernel, 0) if variant in MATMULS else None
             kernels[variant, kernel] = {"variant": variant, "kernel": kernel,
                                         "pass": kernel_pass(kernel), "calls": 0,
                                         "step_ms": [0.0] * steps, "matmul_units": units}

@@ -5,18 +5,20 @@ and how many programs of a kernel fit on a multiprocessor.
 Work is counted in matmul units: one (seq x seq x d) product per head, halved under the causal
 mask (2 * batch * seq^2 * d * 0.5 FLOPs). The forward needs 2 (Q K^T, P V), the backward 5 (Q K^T,
 dO V^T, dV, dK, dQ). Our kernels' own counts (`OUR_MATMULS`) say what each executes: the
-deterministic backward recomputes Q K^T and dO V^T in its dQ kernel, 7 in all. SDPA's kernels
+deterministic backward recomputes Q K^T and dO V^T in its dQ kernel, 7 in all, and so does the
+Gluon one's. SDPA's kernels
 get the units their pass needs, since how they split them is not ours to know. So each pass has
 a needed rate (needed units over its time) and each of our kernels an executed one.
 """
 
 from __future__ import annotations
 
-from cs336_systems.lm.attention import attention_label
+from cs336_systems.lm.attention import attention_label, attention_modules
 
 # variant -> (attention implementation, dQ by atomic adds)
 VARIANTS = {"flash-triton": ("flash-triton", False),
             "flash-triton-atomic-dq": ("flash-triton", True),
+            "flash-gluon": ("flash-gluon", False),
             "sdpa-cudnn": ("sdpa-cudnn", False),
             "sdpa-flash": ("sdpa-flash", False),
             "fa4": ("fa4", False)}  # FlashAttention-4, where installed
@@ -25,6 +27,11 @@ NEEDED = {"forward": 2, "backward": 5}  # matmul units each pass needs
 OUR_MATMULS = {"flash_fwd_kernel": 2, "flash_bwd_dq_kernel": 3, "flash_bwd_prepare_kernel": 0,
                "flash_bwd_kernel": 4}
 OUR_MATMULS_ATOMIC = {**OUR_MATMULS, "flash_bwd_kernel": 5}  # it adds dS K into dQ too
+# the Gluon kernels (kernels/flash_gluon.py): the dQ kernel recomputes S and dP, as ours does
+GLUON_MATMULS = {"attention_fwd_kernel": 2, "attention_dq_kernel": 3, "attention_dkdv_kernel": 4}
+# variant -> the matmul units each of its kernels executes (the variants whose kernels are ours)
+MATMULS = {"flash-triton": OUR_MATMULS, "flash-triton-atomic-dq": OUR_MATMULS_ATOMIC,
+           "flash-gluon": GLUON_MATMULS}
 
 
 def variant_label(variant: str) -> str:
@@ -32,9 +39,15 @@ def variant_label(variant: str) -> str:
     return attention_label(attention) + (", dQ by atomic adds" if atomic else "")
 
 
+def variant_modules() -> list[str]:
+    """The kernel modules the variants import lazily (the profile job's sources)."""
+    return sorted({m for attention, _ in VARIANTS.values() for m in attention_modules(attention)})
+
+
 def kernel_pass(kernel: str) -> str:
-    """`forward` for a forward kernel by its name (ours `flash_fwd_kernel`, cuDNN's `...fprop...`,
-    SDPA flash's `flash_fwd_kernel<...>`), else `backward`."""
+    """`forward` for a forward kernel by its name (ours `flash_fwd_kernel` and
+    `attention_fwd_kernel`, cuDNN's `...fprop...`, SDPA flash's `flash_fwd_kernel<...>`), else
+    `backward`."""
     return "forward" if ("fwd" in kernel or "fprop" in kernel) else "backward"
 
 

@@ -27,6 +27,8 @@ from cs336_systems.lm.sizes import MODEL_SIZES
 from cs336_systems.pipeline.cli import positive_int
 
 OURS = "flash-triton"
+# our FlashAttention for Hopper in Gluon (kernels/flash_gluon.py), held against cuDNN's
+GLUON = "flash-gluon"
 # FlashAttention-4 (optional package flash-attn-4): the stock kernels beside cuDNN's on Hopper;
 # a machine without it records the targets against it as skipped
 PEER = "fa4"
@@ -35,7 +37,8 @@ Shape = tuple[int, int, int]  # batch, sequence length, head dimension
 COLD_COMPILE_CLI = "cs336_systems.sections.flash.cold_compile"
 # The precision of the targets on the sweep's shapes ("bf16, seq >= 4096, every d in the sweep").
 SWEEP_DTYPE = "bf16"
-# Forward alone is timed at the leaderboard's batch and length with these head dimensions.
+# Forward alone is timed at the leaderboard's batch and length with these head dimensions; the
+# Gluon forward's own target takes the larger one alone.
 FORWARD_D_HEADS = (64, 128)
 # Sweep lengths from which our kernels are held against SDPA's flash backend, and against
 # plain PyTorch attention.
@@ -150,6 +153,12 @@ def _forward(flash: dict) -> Case:
                 causal=True)
 
 
+def _gluon_forward(flash: dict) -> Case:
+    lb = flash["leaderboard"]
+    return Case(((lb["batch_size"], lb["seq"], max(FORWARD_D_HEADS)),), lb["precision"],
+                causal=True)
+
+
 def _sweep_from(min_seq: int) -> Callable[[dict], Case]:
     def case(flash: dict) -> Case:
         return Case(tuple((flash["batch_size"], seq, d) for seq in flash["seq_lengths"]
@@ -186,6 +195,7 @@ UNITS_SHOWN = {"x": "x", "ms": " ms", "s": " s", "tokens": ""}
 GROUPS: dict[str, Group] = {g.name: g for g in (
     Group("leaderboard", "versus", "forward_backward_ms", _leaderboard),
     Group("forward", "versus", "forward_ms", _forward),
+    Group("gluon_forward", "versus", "forward_ms", _gluon_forward),
     Group("sdpa_flash_sweep", "versus", "forward_backward_ms", _sweep_from(SDPA_FLASH_FROM_SEQ)),
     Group("pytorch_sweep", "versus", "forward_backward_ms", _sweep_from(PYTORCH_FROM_SEQ)),
     Group("long", "versus", "forward_backward_ms", _fixed(LONG_SHAPES)),
@@ -251,6 +261,13 @@ TARGETS: tuple[Target, ...] = (
            AttentionRun(OURS), "<", 1.0, AttentionRun("eager")),
     Target("sweep_vs_compiled", f"forward+backward, seq ≥ {PYTORCH_FROM_SEQ}", "pytorch_sweep",
            AttentionRun(OURS), "<", 1.0, AttentionRun("eager", compiled=True)),
+    Target("gluon_long_vs_sdpa_cudnn", "Gluon forward+backward, long sequences", "long",
+           AttentionRun(GLUON), "<=", 0.95, AttentionRun("sdpa-cudnn")),
+    Target("gluon_forward_vs_sdpa_cudnn", f"Gluon forward alone, d {max(FORWARD_D_HEADS)}",
+           "gluon_forward", AttentionRun(GLUON), "<=", 0.90, AttentionRun("sdpa-cudnn")),
+    Target("gluon_models_graph_vs_sdpa_cudnn", "Gluon forward+backward, the models' heads, GPU "
+           "time (CUDA graph)", "model_shapes_graph", AttentionRun(GLUON), "<=", 1.0,
+           AttentionRun("sdpa-cudnn")),
     Target("no_oom", "longest sequence forward+backward runs", "longest", AttentionRun(OURS), ">=",
            LONGEST_SEQ),
     Target("cold_compile", "leaderboard: autotuning and compilation from empty Triton and "
