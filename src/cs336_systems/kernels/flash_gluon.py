@@ -63,7 +63,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from cs336_systems.kernels.checks import triton_interpreting
-from cs336_systems.kernels.launch import eager_on_plain_tensors
+from cs336_systems.kernels.launch import direct, eager_on_plain_tensors
 
 # Triton 3.6 (torch 2.11's) names the TMA load async_copy_global_to_shared, later ones async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -541,7 +541,8 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor) -> str | None:
     if q.dtype not in GL_DTYPES or len({q.dtype, k.dtype, v.dtype}) != 1:
         return (f"the Gluon kernels take q, k, v of one dtype of bfloat16, float16; got "
                 f"{q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
+    # the device's properties, which torch.compile folds to a constant (not its capability)
+    if not (q.is_cuda and torch.cuda.get_device_properties(q.device).major == 9):
         return f"the Gluon kernels run on a Hopper GPU (sm90); got {q.device}"
     return None
 
@@ -576,7 +577,7 @@ def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False
     o = torch.empty_like(q2)
     lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(seq, tiles.block_m), batch * heads)
-    attention_fwd_kernel[grid](
+    direct(attention_fwd_kernel)[grid](
         _descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
         _descriptor(v2, tiles.block_n), o, lse, seq, d ** -0.5 * LOG2_E,
         HEAD_D=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, STAGES=tiles.stages,
@@ -588,7 +589,7 @@ def _launch_backward(kernel, tiles: Tiles, own_rows: int, q2, k2, v2, do2, *args
                      heads: int, d: int, is_causal: bool) -> None:
     """One backward kernel: a program per `own_rows` rows of each head (keys for dK and dV,
     queries for dQ), the descriptors of the tiles it owns and walks."""
-    kernel[(triton.cdiv(seq, own_rows), heads)](
+    direct(kernel)[triton.cdiv(seq, own_rows), heads](
         _descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
         _descriptor(v2, tiles.block_n), _descriptor(do2, tiles.block_m), *args, seq,
         d ** -0.5 * LOG2_E, d ** -0.5, HEAD_D=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
@@ -655,12 +656,15 @@ def _gradients(ctx, grad_o: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return torch.ops.cs336.flash_gluon_bwd(q, k, v, o, lse, grad_o, ctx.is_causal)
 
 
-def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
-    q, k, v, is_causal, _ = inputs
-    o, lse = output
+def _save(ctx, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, is_causal: bool) -> None:
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.is_causal = is_causal
-    ctx.mark_non_differentiable(lse)
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, is_causal, _ = inputs
+    _save(ctx, q, k, v, *output, is_causal)
+    ctx.mark_non_differentiable(output[1])  # the logsumexp is for the backward only
 
 
 def _backward(ctx, grad_o: Tensor, _grad_lse) -> tuple[Tensor | None, ...]:
@@ -683,7 +687,7 @@ class FlashAttentionGluon(torch.autograd.Function):
             output = flash_gluon_forward(q, k, v, is_causal, overlap)
         else:
             output = torch.ops.cs336.flash_gluon_fwd(q, k, v, is_causal, overlap)
-        _setup_context(ctx, (q, k, v, is_causal, overlap), output)
+        _save(ctx, q, k, v, *output, is_causal)
         return output[0]
 
     @staticmethod

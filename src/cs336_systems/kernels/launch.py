@@ -5,8 +5,9 @@ tensor's dtype and 16-byte alignment) to find the compiled binary, and then call
 launcher. On an H200 with Triton 3.6 that took 24 to 38 us per launch of the flash forward
 kernel (30 arguments), against 6 to 9 us for the launcher alone; at the shapes our models
 attend over, the kernels themselves take tens of microseconds. `direct(kernel)[grid](...)` takes
-the same arguments as `kernel[grid](...)`: its first launch of each argument signature goes
-through the JIT (which compiles), later ones call the binary's launcher directly.
+the same arguments as `kernel[grid](...)`, for `tl` and Gluon kernels alike: its first launch
+of each argument signature goes through the JIT (which compiles), later ones call the binary's
+launcher directly.
 
 The signature is what the JIT specializes on: each int argument's value (so a different shape
 or stride is a new signature), each tensor's dtype and whether its address is 16-byte
@@ -21,6 +22,7 @@ import functools
 import torch
 from torch import Tensor
 from triton import knobs
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime import driver
 
 from cs336_systems.kernels.checks import triton_interpreting
@@ -32,10 +34,19 @@ def _hooked() -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
+def _specialized(arg) -> object:
+    """What the JIT specializes on in one argument: a tensor's dtype and 16-byte alignment, a
+    Gluon TMA descriptor's dtype, block and shared layout (its base is 16-byte aligned by
+    construction; its shape and strides are run-time arguments), any other argument's value."""
+    if isinstance(arg, Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    if isinstance(arg, TensorDescriptor):
+        return arg.base.dtype, tuple(arg.block_shape), arg.layout
+    return arg
+
+
 def _signature(args: tuple, kwargs: dict) -> tuple:
-    return (driver.active.get_current_device(),
-            tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, Tensor) else a
-                  for a in args),
+    return (driver.active.get_current_device(), tuple(_specialized(a) for a in args),
             tuple(kwargs.items()))
 
 

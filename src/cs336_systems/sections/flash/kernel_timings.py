@@ -36,16 +36,16 @@ WARMUP = 2
 
 
 def binaries() -> dict[str, dict]:
-    """What each of our compiled kernels asks of a multiprocessor, by kernel name, the last one
-    compiled of each name (one shape here): the Triton FA2's binaries of this process's direct
-    launches (`kernels.launch`), the Gluon kernels' from their JIT caches."""
+    """What each of our compiled kernels asks of a multiprocessor (the Triton FA2's and the
+    Gluon ones), by kernel name: the binaries of this process's direct launches
+    (`kernels.launch`), one per signature, the last one compiled of each name (one shape
+    here)."""
     from triton.runtime import driver
 
     from cs336_systems.kernels import flash_gluon, flash_triton
     from cs336_systems.kernels.launch import direct
 
-    device = torch.cuda.current_device()
-    properties = driver.active.utils.get_device_properties(device)
+    properties = driver.active.utils.get_device_properties(torch.cuda.current_device())
 
     def asks(binary) -> dict:
         warps, shared = binary.metadata.num_warps, binary.metadata.shared
@@ -61,10 +61,8 @@ def binaries() -> dict[str, dict]:
             out[kernel.__name__ + ("[atomic dQ]" if atomic else "")] = asks(binary)
     for kernel in (flash_gluon.attention_fwd_kernel, flash_gluon.attention_dq_kernel,
                    flash_gluon.attention_dkdv_kernel):
-        compiled = kernel.device_caches[device][0]   # the JIT's binaries on this device
-        for binary in compiled.values():
-            if getattr(binary, "n_regs", None) is not None:     # loaded: launched here
-                out[kernel.__name__] = asks(binary)
+        for binary, _ in direct(kernel).binaries.values():
+            out[kernel.__name__] = asks(binary)
     return out
 
 
