@@ -509,10 +509,10 @@ class Tiles:
 
 
 KERNELS = ("forward", "forward-overlap", "dkdv", "dq")
-# Per kernel and head dim: the fastest of a sweep of tiles, rows of the walked tiles, ring slots
-# and warps, each compiled without spills (compile_for_sm90), timed on an H200 at 16 heads of
-# 16384 causal bf16 (Triton 3.6): at d 64 four warps and two programs an SM beat eight warps
-# and one, for every kernel but the overlapped forward (whose registers leave room for one).
+# Per kernel and head dim: the fastest tiles of scripts/sweep_gluon.py on an H200 at 16 heads
+# of 16384 causal bf16 (Triton 3.6), each compiling for sm90a within shared memory
+# (compile_for_sm90): at d 64 four warps with two or three programs an SM beat eight warps with
+# one, for every kernel but the overlapped forward.
 TILES = {
     "forward": {64: Tiles(block_m=64, block_n=128, num_warps=4), 128: Tiles(block_n=64)},
     "forward-overlap": {64: Tiles(block_n=64, stages=3),

@@ -1,0 +1,90 @@
+"""Sweep the Gluon FlashAttention kernels' tiles on a Hopper GPU: for each head dimension, every
+candidate tile set of each kernel (the forward, the overlapped forward, the key-tile and the
+query-tile backward kernels) with the others at their defaults, each checked against the
+defaults' outputs before it is timed. `TILES` in `kernels/flash_gluon.py` comes from this (16
+heads of 16384 causal bf16, on an H200).
+
+    python scripts/sweep_gluon.py [--heads 16] [--seq 16384] [--json out.json]
+
+One line per (d, kernel, tiles): the time of the pass it runs (forward, or the whole backward:
+both of its kernels), or the error that stopped it (a tile set too large for shared memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from triton.testing import do_bench
+
+from cs336_systems.kernels import flash_gluon as fg
+from cs336_systems.kernels.flash_gluon import Tiles
+
+CANDIDATES = {
+    "forward": {64: [Tiles(128, 128, 2, 8), Tiles(128, 64, 2, 8), Tiles(128, 64, 3, 8),
+                     Tiles(64, 128, 2, 4), Tiles(64, 64, 2, 4), Tiles(64, 64, 3, 4)],
+                128: [Tiles(128, 64, 2, 8), Tiles(128, 128, 2, 8), Tiles(128, 64, 3, 8),
+                      Tiles(64, 64, 2, 4), Tiles(64, 128, 2, 4), Tiles(64, 64, 3, 4)]},
+    "forward-overlap": {64: [Tiles(128, 128, 3, 8), Tiles(128, 64, 3, 8), Tiles(64, 64, 3, 4),
+                             Tiles(64, 128, 3, 4)],
+                        128: [Tiles(128, 64, 3, 8), Tiles(64, 64, 3, 4), Tiles(64, 128, 3, 4)]},
+    "dkdv": {64: [Tiles(64, 128, 2, 8), Tiles(128, 128, 2, 8), Tiles(64, 64, 2, 4),
+                  Tiles(128, 64, 2, 4), Tiles(64, 64, 3, 4)],
+             128: [Tiles(64, 64, 2, 4), Tiles(64, 64, 3, 4), Tiles(128, 64, 2, 4),
+                   Tiles(64, 128, 2, 8), Tiles(32, 64, 2, 4)]},
+    "dq": {64: [Tiles(128, 64, 2, 8), Tiles(128, 128, 2, 8), Tiles(64, 64, 2, 4),
+                Tiles(64, 128, 2, 4), Tiles(64, 64, 3, 4)],
+           128: [Tiles(64, 64, 2, 4), Tiles(128, 64, 2, 8), Tiles(64, 64, 3, 4),
+                 Tiles(64, 128, 2, 4), Tiles(128, 128, 2, 8)]},
+}
+
+
+def sweep(heads: int, seq: int, d: int) -> list[dict]:
+    torch.manual_seed(0)
+    q, k, v, grad_o = (torch.randn(1, heads, seq, d, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(4))
+    o, lse = fg.flash_gluon_forward(q, k, v, True)
+    grads = fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True)
+    passes = {
+        "forward": (lambda: fg.flash_gluon_forward(q, k, v, True), (o,)),
+        "forward-overlap": (lambda: fg.flash_gluon_forward(q, k, v, True, overlap=True), (o,)),
+        "dkdv": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True), grads),
+        "dq": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True), grads),
+    }
+    rows = []
+    for kernel, candidates in CANDIDATES.items():
+        run, expected = passes[kernel]
+        default = fg.TILES[kernel][d]
+        for tiles in candidates[d]:
+            fg.TILES[kernel][d] = tiles
+            row = {"d": d, "kernel": kernel, "tiles": tiles.__dict__, "default": tiles == default}
+            try:
+                got = run()
+                got = got[:1] if kernel.startswith("forward") else got
+                row["max_abs_diff"] = max((a.float() - b.float()).abs().max().item()
+                                          for a, b in zip(got, expected))
+                row["ms"] = do_bench(run, warmup=25, rep=100)
+            except Exception as error:  # noqa: BLE001 - a tile set that does not fit is a row
+                row["error"] = repr(error)[:200]
+            finally:
+                fg.TILES[kernel][d] = default
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--seq", type=int, default=16384)
+    parser.add_argument("--json", help="write every row here")
+    args = parser.parse_args()
+    rows = [row for d in fg.SUPPORTED_HEAD_DIMS for row in sweep(args.heads, args.seq, d)]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
