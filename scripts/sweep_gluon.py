@@ -1,5 +1,5 @@
 """Sweep the Gluon FlashAttention kernels' tiles on a Hopper GPU: for each head dimension, every
-candidate tile set of each kernel (the forward, the overlapped forward, the key-tile and the
+candidate tile set of each kernel (the forward's three schedules, the key-tile and the
 query-tile backward kernels) with the others at their defaults, each checked against the
 defaults' outputs before it is timed. `TILES` in `kernels/flash_gluon.py` comes from this (16
 heads of 16384 causal bf16, on an H200).
@@ -29,6 +29,11 @@ CANDIDATES = {
     "forward-overlap": {64: [Tiles(128, 128, 3, 8), Tiles(128, 64, 3, 8), Tiles(64, 64, 3, 4),
                              Tiles(64, 128, 3, 4)],
                         128: [Tiles(128, 64, 3, 8), Tiles(64, 64, 3, 4), Tiles(64, 128, 3, 4)]},
+    # the warp-specialized forward: compute warps, ring slots and the registers they share
+    "forward-specialized": {64: [Tiles(64, 128, 2, 4, 128), Tiles(64, 128, 3, 4, 128),
+                                 Tiles(128, 128, 2, 8, 168), Tiles(64, 64, 3, 4, 128)],
+                            128: [Tiles(128, 128, 2, 8, 168), Tiles(128, 64, 3, 8, 168),
+                                  Tiles(64, 128, 2, 4, 128), Tiles(64, 64, 3, 4, 128)]},
     "dkdv": {64: [Tiles(64, 128, 2, 8), Tiles(128, 128, 2, 8), Tiles(64, 64, 2, 4),
                   Tiles(128, 64, 2, 4), Tiles(64, 64, 3, 4)],
              128: [Tiles(64, 64, 2, 4), Tiles(64, 64, 3, 4), Tiles(128, 64, 2, 4),
@@ -48,7 +53,9 @@ def sweep(heads: int, seq: int, d: int) -> list[dict]:
     grads = fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True)
     passes = {
         "forward": (lambda: fg.flash_gluon_forward(q, k, v, True), (o,)),
-        "forward-overlap": (lambda: fg.flash_gluon_forward(q, k, v, True, overlap=True), (o,)),
+        "forward-overlap": (lambda: fg.flash_gluon_forward(q, k, v, True, "overlapped"), (o,)),
+        "forward-specialized": (lambda: fg.flash_gluon_forward(q, k, v, True, "specialized"),
+                                (o,)),
         "dkdv": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True), grads),
         "dq": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True), grads),
     }

@@ -1,15 +1,17 @@
 """FlashAttention-2 for Hopper (sm90) in Gluon, Triton's lower-level language: the tiles'
 shared memory, the TMA loads into rings of STAGES buffers with an mbarrier each, and
 `warpgroup_mma` (wgmma) for every matrix product are written out, where `tl` leaves them to
-the compiler. The forward comes in two schedules: each wgmma waited for at once, and
-FlashAttention-3's overlap of one tile's softmax with the next tile's S and this tile's P V
-(`overlap`). `lm.attention` registers it as the attention choice `flash-gluon` (the Triton FA2
+the compiler. The forward comes in three schedules (`SCHEDULES`): each wgmma waited for at once
+(`waited`, the default), FlashAttention-3's overlap of one tile's softmax with the next tile's
+S and this tile's P V (`overlapped`), and FlashAttention-3's warp specialization, a loader warp
+issuing every TMA load while the other warps compute (`specialized`, not yet run on a GPU).
+`lm.attention` registers the default as the attention choice `flash-gluon` (the Triton FA2
 where these kernels cannot take the inputs); torch.compile sees two custom operators,
-`cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd`. No warp specialization yet: every warp
-both loads and computes.
+`cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd`. The backward's warps all load and
+compute.
 
     o, lse = flash_gluon_forward(q, k, v, is_causal)        # (batch, heads, seq, d)
-    o, lse = flash_gluon_forward(q, k, v, is_causal, overlap=True)   # FA-3's overlap
+    o, lse = flash_gluon_forward(q, k, v, is_causal, "overlapped")    # or "specialized"
     dq, dk, dv = flash_gluon_backward(q, k, v, o, lse, do, is_causal)
     o = FlashAttentionGluon.apply(q, k, v, is_causal)       # both, as an autograd function
 
@@ -71,6 +73,9 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 LOG2_E = 1.4426950408889634
 LOG2_E_GL = gl.constexpr(LOG2_E)
 LN_2 = gl.constexpr(0.6931471805599453)
+# the warp-specialized forward's loader partition: one warp, the fewest registers a warp may keep
+LOADER_WARPS = gl.constexpr(1)
+LOADER_REGISTERS = gl.constexpr(24)
 SUPPORTED_HEAD_DIMS = (64, 128)
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
@@ -319,6 +324,94 @@ def _store_outputs(o_ptr, lse_ptr, acc, m_i, l_i, head_row, start_m, seq,
     gl.store(lse_ptr + head_row + lse_rows, lse, mask=lse_rows < seq)
 
 
+# --- forward, warp-specialized (FlashAttention-3's producer and consumers) -------------------
+# A loader partition of one warp, with few registers, issues every TMA load: Q once, then the
+# K/V tiles into the ring, each slot refilled once the consumers have released it (`kv_empty`).
+# The default partition (num_warps warps, the rest of the registers) only waits, multiplies and
+# releases, as `_waited_tiles` does without the loads.
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, kv_ready,
+                    kv_empty, head_row, start_m, n_tiles, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr):
+    """The producer: Q's tile, then K/V tile j into slot j % STAGES once it is empty (a slot's
+    empty barrier starts in the phase that lets the first round through)."""
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+    _tma_load(q_desc, [head_row + start_m, 0], q_ready, q_smem)
+    for j in range(n_tiles):
+        mbarrier.wait(kv_empty.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
+        _issue_pair(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row + j * BLOCK_N, j, STAGES)
+
+
+@gluon.jit
+def _consume_partition(q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, o_ptr, lse_ptr,
+                       head_row, start_m, n_tiles, n_full, seq, qk_scale,
+                       s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr,
+                       HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """The consumers: each K/V tile as `_attend_tile` takes it, its slot released once P V has
+    read it; then O and the logsumexp stored."""
+    m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+    mbarrier.wait(q_ready, 0)
+    for j in range(n_tiles):
+        slot = j % STAGES
+        mbarrier.wait(kv_ready.index(slot), (j // STAGES) & 1)
+        acc, m_i, l_i = _attend_tile(q_smem, k_smem.index(slot), v_smem.index(slot), acc, m_i,
+                                     l_i, start_m, j * BLOCK_N, seq, qk_scale, j >= n_full,
+                                     s_layout, p_layout, o_layout, BLOCK_M, BLOCK_N, CAUSAL)
+        mbarrier.arrive(kv_empty.index(slot), count=1)
+    _store_outputs(o_ptr, lse_ptr, acc, m_i, l_i, head_row, start_m, seq, o_layout, s_layout,
+                   HEAD_D, BLOCK_M)
+
+
+@gluon.jit
+def attention_fwd_specialized_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, qk_scale,
+                                     HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                                     CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    pid_m = gl.program_id(0)            # which BLOCK_M rows of the sequence
+    bh = gl.program_id(1)               # which (batch, head)
+    head_row = bh * seq
+    start_m = pid_m * BLOCK_M
+
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    k_smem, v_smem, kv_ready = _ring_pair(k_desc, v_desc, STAGES)
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kv_empty.index(i), count=1)
+    n_tiles, n_full = _key_tiles(start_m, seq, BLOCK_M, BLOCK_N, CAUSAL)
+
+    gl.warp_specialize([
+        (_consume_partition, (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, o_ptr,
+                              lse_ptr, head_row, start_m, n_tiles, n_full, seq, qk_scale,
+                              s_layout, p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N, STAGES,
+                              CAUSAL)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, kv_ready,
+                           kv_empty, head_row, start_m, n_tiles, BLOCK_N, STAGES)),
+    ], [LOADER_WARPS], [LOADER_REGISTERS])
+
+    mbarrier.invalidate(q_ready)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(kv_ready.index(i))
+        mbarrier.invalidate(kv_empty.index(i))
+
+
+# each forward kernel of KERNELS: the first two share one kernel, its schedule a constexpr
+_FORWARD_KERNELS = {"forward": attention_fwd_kernel, "forward-overlap": attention_fwd_kernel,
+                    "forward-specialized": attention_fwd_specialized_kernel}
+
+
 # --- backward (FlashAttention-2, Algorithm 2): dK and dV from key tiles, dQ from query tiles --
 # Both recompute the probabilities from the forward's logsumexp (read in natural log, used in
 # base 2 as the scores are) and take D = rowsum(dO * O) (`delta`): the dQ kernel, launched
@@ -506,9 +599,23 @@ class Tiles:
     block_n: int = 128
     stages: int = 2
     num_warps: int = 8
+    # registers a thread the kernel is compiled for (Triton's maxnreg); the warp-specialized
+    # forward hands its loader LOADER_REGISTERS of them and its consumers the rest
+    max_registers: int | None = None
+
+    def launch_options(self) -> dict:
+        options = {"num_warps": self.num_warps}
+        if self.max_registers:
+            options["maxnreg"] = self.max_registers
+        return options
 
 
-KERNELS = ("forward", "forward-overlap", "dkdv", "dq")
+KERNELS = ("forward", "forward-overlap", "forward-specialized", "dkdv", "dq")
+# the forward's schedules, each the kernel of KERNELS that runs it: each wgmma waited for
+# (FlashAttention-2's), FlashAttention-3's overlap inside a warpgroup, and FlashAttention-3's
+# producer and consumer warps (a loader warp and the compute warps)
+SCHEDULES = {"waited": "forward", "overlapped": "forward-overlap",
+             "specialized": "forward-specialized"}
 # Per kernel and head dim: the fastest tiles of scripts/sweep_gluon.py on an H200 at 16 heads
 # of 16384 causal bf16 (Triton 3.6), each compiling for sm90a within shared memory
 # (compile_for_sm90): at d 64 four warps with two or three programs an SM beat eight warps with
@@ -517,6 +624,10 @@ TILES = {
     "forward": {64: Tiles(block_m=64, block_n=128, num_warps=4), 128: Tiles(block_n=64)},
     "forward-overlap": {64: Tiles(block_n=64, stages=3),
                         128: Tiles(block_m=64, block_n=64, stages=3, num_warps=4)},
+    # not yet timed on a GPU: two programs an SM at d 64 (4 + 4 warps at 128 registers), one at
+    # d 128 (8 + 4 warps at 168, the compute warps keeping 240)
+    "forward-specialized": {64: Tiles(block_m=64, num_warps=4, max_registers=128),
+                            128: Tiles(max_registers=168)},
     "dkdv": {64: Tiles(block_m=128, block_n=64, num_warps=4),
              128: Tiles(block_m=64, block_n=64, num_warps=4)},
     "dq": {64: Tiles(block_m=64, block_n=64, stages=3, num_warps=4),
@@ -566,23 +677,37 @@ def _descriptor(t: Tensor, block_rows: int):
                             _shared_layout(block_rows, d, GL_DTYPES[t.dtype]))
 
 
+def _check_schedule(schedule: str) -> None:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
+
+
 def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
-                        overlap: bool = False) -> tuple[Tensor, Tensor]:
-    """o and the logsumexp of softmax(q k^T / sqrt(d)) v, one launch (see the module); with
-    `overlap`, the kernel that overlaps each tile's softmax with its neighbours' wgmmas."""
+                        schedule: str = "waited") -> tuple[Tensor, Tensor]:
+    """o and the logsumexp of softmax(q k^T / sqrt(d)) v, one launch of the kernel that runs
+    `schedule` (one of SCHEDULES; see the module)."""
+    _check_schedule(schedule)
     check_inputs(q, k, v)
     batch, heads, seq, d = q.shape
-    tiles = TILES["forward-overlap" if overlap else "forward"][d]
+    kernel = SCHEDULES[schedule]
+    tiles = TILES[kernel][d]
     q2, k2, v2 = _rows(q, k, v)
     o = torch.empty_like(q2)
     lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(seq, tiles.block_m), batch * heads)
-    direct(attention_fwd_kernel)[grid](
+    constants = {"HEAD_D": d, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
+                 "STAGES": tiles.stages, "CAUSAL": is_causal,
+                 **_schedule_constants(kernel), **tiles.launch_options()}
+    direct(_FORWARD_KERNELS[kernel])[triton.cdiv(seq, tiles.block_m), batch * heads](
         _descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
-        _descriptor(v2, tiles.block_n), o, lse, seq, d ** -0.5 * LOG2_E,
-        HEAD_D=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, STAGES=tiles.stages,
-        CAUSAL=is_causal, OVERLAP=overlap, num_warps=tiles.num_warps)
+        _descriptor(v2, tiles.block_n), o, lse, seq, d ** -0.5 * LOG2_E, **constants)
     return o.view(q.shape), lse
+
+
+def _schedule_constants(kernel: str) -> dict:
+    """The constexprs that pick a forward kernel's schedule, in its arguments' order."""
+    if kernel in ("forward", "forward-overlap"):
+        return {"OVERLAP": kernel == "forward-overlap"}
+    return {}
 
 
 def _launch_backward(kernel, tiles: Tiles, own_rows: int, q2, k2, v2, do2, *args, seq: int,
@@ -593,7 +718,7 @@ def _launch_backward(kernel, tiles: Tiles, own_rows: int, q2, k2, v2, do2, *args
         _descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
         _descriptor(v2, tiles.block_n), _descriptor(do2, tiles.block_m), *args, seq,
         d ** -0.5 * LOG2_E, d ** -0.5, HEAD_D=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        STAGES=tiles.stages, CAUSAL=is_causal, num_warps=tiles.num_warps)
+        STAGES=tiles.stages, CAUSAL=is_causal, **tiles.launch_options())
 
 
 def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
@@ -627,13 +752,13 @@ def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
 
 @torch.library.custom_op("cs336::flash_gluon_fwd", mutates_args=())
 def flash_gluon_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool,
-                    overlap: bool) -> tuple[Tensor, Tensor]:
-    return flash_gluon_forward(q, k, v, is_causal, overlap)
+                    schedule: str) -> tuple[Tensor, Tensor]:
+    return flash_gluon_forward(q, k, v, is_causal, schedule)
 
 
 @flash_gluon_fwd.register_fake
 def _flash_gluon_fwd_fake(q: Tensor, k: Tensor, v: Tensor, is_causal: bool,
-                          overlap: bool) -> tuple[Tensor, Tensor]:
+                          schedule: str) -> tuple[Tensor, Tensor]:
     return _forward_outputs(q)
 
 
@@ -675,18 +800,18 @@ flash_gluon_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 class FlashAttentionGluon(torch.autograd.Function):
-    """`FlashAttentionGluon.apply(q, k, v, is_causal=False, overlap=False)` -> o, for
+    """`FlashAttentionGluon.apply(q, k, v, is_causal=False, schedule="waited")` -> o, for
     (batch, heads, seq, d) inputs: the Gluon forward and backward, through the
     `cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd` operators under torch.compile and
     directly in eager mode (`launch.eager_on_plain_tensors`)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
-                overlap: bool = False) -> Tensor:
+                schedule: str = "waited") -> Tensor:
         if eager_on_plain_tensors(q):
-            output = flash_gluon_forward(q, k, v, is_causal, overlap)
+            output = flash_gluon_forward(q, k, v, is_causal, schedule)
         else:
-            output = torch.ops.cs336.flash_gluon_fwd(q, k, v, is_causal, overlap)
+            output = torch.ops.cs336.flash_gluon_fwd(q, k, v, is_causal, schedule)
         _save(ctx, q, k, v, *output, is_causal)
         return output[0]
 
@@ -745,17 +870,13 @@ def _resource_usage(kernel: str, d: int, is_causal: bool, tiles: Tiles,
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = {"forward": attention_fwd_kernel, "forward-overlap": attention_fwd_kernel,
-          "dkdv": attention_dkdv_kernel, "dq": attention_dq_kernel}[kernel]
+    fn = {**_FORWARD_KERNELS, "dkdv": attention_dkdv_kernel, "dq": attention_dq_kernel}[kernel]
     constants = {"HEAD_D": d, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
-                 "STAGES": tiles.stages, "CAUSAL": is_causal}
-    if fn is attention_fwd_kernel:                  # its schedule, in the arguments' order
-        constants["OVERLAP"] = kernel == "forward-overlap"
-    constants["num_warps"] = tiles.num_warps
+                 "STAGES": tiles.stages, "CAUSAL": is_causal, **_schedule_constants(kernel),
+                 "num_warps": tiles.num_warps}
     signature = {**_signature(kernel, d, tiles, dtype), **dict.fromkeys(constants, "constexpr")}
     compiled = triton.compile(GluonASTSource(fn, signature, constants),
-                              target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": tiles.num_warps})
+                              target=GPUTarget("cuda", 90, 32), options=tiles.launch_options())
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(compiled.asm["cubin"])
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
