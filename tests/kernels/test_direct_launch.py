@@ -89,3 +89,26 @@ def test_a_launch_hook_or_the_interpreter_takes_the_jit_path(launcher, monkeypat
     for _ in range(2):
         launcher[(1,)](x, 64, BLOCK=16, FLAG=True)
     assert len(launcher.kernel.jit_launches) == 2 and not launcher.binaries
+
+
+def _descriptor(t: torch.Tensor, block_rows: int, swizzle: int = 128):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
+    return TensorDescriptor(t, list(t.shape), [t.shape[1], 1], [block_rows, t.shape[1]], layout)
+
+
+@pytest.mark.parametrize("change", [None, "other tensor", "block", "dtype", "layout"])
+def test_a_tma_descriptor_specializes_on_its_dtype_block_and_layout(launcher, change):
+    """A Gluon kernel's descriptor: another tensor of the same dtype and shape (a new address)
+    reuses the binary; another block, dtype or shared layout compiles again."""
+    x = torch.randn(256, 64, dtype=torch.bfloat16)
+    launcher[(1,)](_descriptor(x, 64), 64, BLOCK=16, FLAG=True)
+    other = {None: lambda: _descriptor(x, 64),
+             "other tensor": lambda: _descriptor(torch.randn_like(x), 64),
+             "block": lambda: _descriptor(x, 128),
+             "dtype": lambda: _descriptor(x.half(), 64),
+             "layout": lambda: _descriptor(x, 64, swizzle=64)}[change]()
+    launcher[(1,)](other, 64, BLOCK=16, FLAG=True)
+    compiled_again = change in ("block", "dtype", "layout")
+    assert len(launcher.kernel.jit_launches) == 1 + compiled_again

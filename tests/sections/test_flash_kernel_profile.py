@@ -26,7 +26,16 @@ BINARIES = {"flash_fwd_kernel": {"warps": 8, "registers": 178, "spills": 0, "sha
                                  "programs_per_sm": 2, "limited_by": "registers"},
             "flash_bwd_kernel[atomic dQ]": {"warps": 4, "registers": 255, "spills": 12,
                                             "shared_kib": 129.0, "programs_per_sm": 1,
-                                            "limited_by": "shared memory"}}
+                                            "limited_by": "shared memory"},
+            "attention_fwd_kernel": {"warps": 4, "registers": 129, "spills": 0,
+                                     "shared_kib": 72.0, "programs_per_sm": 3,
+                                     "limited_by": "registers and shared memory"},
+            "attention_dq_kernel": {"warps": 4, "registers": 122, "spills": 0,
+                                    "shared_kib": 64.0, "programs_per_sm": 3,
+                                    "limited_by": "shared memory"},
+            "attention_dkdv_kernel": {"warps": 4, "registers": 255, "spills": 14,
+                                      "shared_kib": 80.0, "programs_per_sm": 2,
+                                      "limited_by": "registers and shared memory"}}
 
 
 def _kernel(variant, kernel, step_ms, units=None):
@@ -39,9 +48,10 @@ def _steps(ms: float, jitter: float = 0.0) -> list[float]:
 
 
 def _write(tmp_path: Path, ours_bwd=(2.4, 3.6), atomic_key=6.0, cudnn=(1.7, 4.6),
-           jitter=0.0, shape="16x16384x128", status="ok", skipped=()) -> str:
+           jitter=0.0, shape="16x16384x128", status="ok", skipped=(), gluon=None) -> str:
     """A kernel profile record: ours's dQ and key-tile kernels, the atomic variant's key-tile
-    kernel, cuDNN's forward and backward (plus its small dot(dO, O) kernel), SDPA flash's."""
+    kernel, cuDNN's forward and backward (plus its small dot(dO, O) kernel), SDPA flash's; with
+    `gluon` (forward, dQ, key-tile ms), the Gluon kernels'."""
     dq, key = ours_bwd
     kernels = [
         _kernel("flash-triton", "flash_fwd_kernel", _steps(2.0, jitter), 2),
@@ -59,6 +69,10 @@ def _write(tmp_path: Path, ours_bwd=(2.4, 3.6), atomic_key=6.0, cudnn=(1.7, 4.6)
         _kernel("sdpa-flash", "void pytorch_flash::flash_fwd_kernel<...>", _steps(3.4, jitter)),
         _kernel("sdpa-flash", "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel",
                 _steps(8.6, jitter))]
+    if gluon:
+        kernels += [_kernel("flash-gluon", name, _steps(ms, jitter), units) for name, ms, units
+                    in zip(("attention_fwd_kernel", "attention_dq_kernel",
+                            "attention_dkdv_kernel"), gluon, (2, 3, 4))]
     variants = [{"variant": v, "status": "ok"} for v in kernel_variants.VARIANTS]
     for v in skipped:
         kernels = [k for k in kernels if k["variant"] != v]
@@ -96,7 +110,9 @@ def test_a_kernels_pass_is_read_from_its_name():
     assert kernel_variants.kernel_pass("flash_fwd_kernel") == "forward"
     assert kernel_variants.kernel_pass("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") \
         == "forward"
+    assert kernel_variants.kernel_pass("attention_fwd_kernel") == "forward"
     for name in ("flash_bwd_kernel", "flash_bwd_dq_kernel", "flash_bwd_prepare_kernel",
+                 "attention_dq_kernel", "attention_dkdv_kernel",
                  "cudnn_generated_fort_native_sdpa_sm90_flash_bprop",
                  "void cudnn::fusion::convert_dq_to_16bits<true>"):
         assert kernel_variants.kernel_pass(name) == "backward", name
@@ -210,3 +226,29 @@ def test_a_skipped_variant_and_a_skipped_record_are_said(tmp_path):
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def test_the_gluon_kernels_against_cudnn_pass_by_pass(tmp_path):
+    facts = _facts(tmp_path, [_write(tmp_path, gluon=(2.2, 2.0, 3.0))])
+    g = facts["kernels"]["shapes"][0]["gluon"]
+    assert g["forward"]["versus"]["ratio"] == pytest.approx(1.7 / 2.2)
+    bwd, cudnn_bwd = g["backward"], 4.6 + 0.1
+    assert (bwd["executed_units"], bwd["needed_units"]) == (7, 5)
+    assert bwd["executed_tflops"] == pytest.approx(7 * UNIT_TFLOP / 5.0e-3)
+    assert bwd["rate_ratio"] == pytest.approx((7 / 5.0) / (5 / cudnn_bwd))
+    assert [k["name"] for k in bwd["kernels"]] == ["attention_dq_kernel", "attention_dkdv_kernel"]
+    text = _prose(tmp_path, facts)
+    assert "Gluon FA2 (sm90), forward: 1.29x slower than SDPA cuDNN" in text
+    assert "Gluon FA2 (sm90), backward: 1.06x slower than SDPA cuDNN. Its kernels execute 7 " \
+        "matmul units (the pass needs 5) at 770 TFLOP/s, 1.32x the rate" in text
+    assert "`attention_dkdv_kernel` runs 4 warps at 255 registers a thread (14 spilled)" in text
+
+
+def test_faster_gluon_kernels_say_so_and_absent_ones_say_nothing(tmp_path):
+    faster = _facts(tmp_path / "a", [_write(_mkdir(tmp_path / "a"), gluon=(1.5, 1.5, 2.5))])
+    text = _prose(tmp_path / "a", faster)
+    assert "Gluon FA2 (sm90), forward: 1.13x faster than SDPA cuDNN" in text
+    assert "Gluon FA2 (sm90), backward: 1.17x faster than SDPA cuDNN" in text
+    absent = _facts(tmp_path / "b", [_write(_mkdir(tmp_path / "b"))])
+    assert absent["kernels"]["shapes"][0]["gluon"] is None
+    assert "Gluon FA2 (sm90), forward" not in _prose(tmp_path / "b", absent)
