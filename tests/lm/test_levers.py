@@ -131,3 +131,14 @@ def test_the_layers_outside_the_selective_share_recompute_as_others_says():
     _assert_same_as_plain(model, LanguageModelLoss(model, chunked=True))
     with pytest.raises(ValueError, match="unknown others 'some'"):
         apply_layer_levers(_model(), recompute="elementwise", others="some")
+
+
+def test_layers_outside_the_share_may_keep_every_activation():
+    """others="none" (the leaderboard's ...-selective-others-kept variants): the first layers
+    are not checkpointed at all, the last keep their matmuls' outputs."""
+    model = TransformerLM(VOCAB, CONTEXT, d_model=32, num_layers=4, num_heads=4, d_ff=48,
+                          attention="sdpa")
+    apply_layer_levers(model, recompute="elementwise", selective_share=0.5, others="none")
+    wrapped = [isinstance(layer, CheckpointedLayer) for layer in model.layers]
+    assert wrapped == [False, False, True, True]
+    _assert_same_as_plain(model, LanguageModelLoss(model, chunked=True))
