@@ -21,11 +21,13 @@ q, k and v share one shape (self-attention, no grouped heads), bf16 or fp16, d 6
 logsumexp of the scaled scores, in natural log, as the Triton kernel saves it.
 
 Program roles. Forward (Algorithm 1): program (m, bh) owns BLOCK_M query rows of one (batch,
-head) and walks its key tiles. Backward (Algorithm 2), two launches after D = rowsum(dO * O):
-program (n, bh) of the key-tile kernel owns BLOCK_N keys and walks the query tiles that see
-them for dK and dV (computing S^T and dP^T, so that keys are the rows of every product);
-program (m, bh) of the query-tile kernel owns BLOCK_M queries and walks their key tiles for dQ.
-A program's warps are num_warps // 4 warpgroups, which split the rows of each wgmma.
+head) and walks its key tiles; in the specialized schedule one more warp, the loader, issues
+the program's TMA loads. Backward (Algorithm 2), two launches: program (m, bh) of the
+query-tile kernel, launched first, owns BLOCK_M queries, computes their D = rowsum(dO * O) and
+walks their key tiles for dQ; program (n, bh) of the key-tile kernel owns BLOCK_N keys and
+walks the query tiles that see them for dK and dV (computing S^T and dP^T, so that keys are the
+rows of every product). A program's compute warps are num_warps // 4 warpgroups, which split
+the rows of each wgmma.
 
 The TMA descriptors see q, k, v and dO as 2-D (batch * heads * seq, d) tensors: a tile that
 runs past its head's last row reads the next head's rows (zeros past the tensor's end); the
@@ -36,8 +38,8 @@ branch, Triton 3.6 compiled kernels that computed wrong scores in the branch's t
 shared memory out of range in the backward), found by the GPU tests on an H200.
 
 `compile_for_sm90` compiles a kernel's configuration for sm90a on any machine (no GPU needed)
-and returns what ptxas allotted: registers, spilled bytes, shared memory (`TILES` was chosen by
-it).
+and returns what ptxas allotted: registers, spilled bytes, shared memory. `TILES` are the
+fastest configurations of `scripts/sweep_gluon.py` on an H200.
 """
 
 from __future__ import annotations
