@@ -196,3 +196,13 @@ def test_a_table_of_several_commits_names_each_rows_commit(tmp_path):
     (tmp_path / "small-hf-llama-compiled.json").write_text(json.dumps(record))
     facts, _ = _facts(tmp_path, one, [])
     assert "| commit" in facts["training"][0]["table"] and "| def" in facts["training"][0]["table"]
+
+
+def test_every_attention_of_the_runs_names_its_kernels_as_sources():
+    """A run names its attention's kernel modules (its rule's sources): editing the Gluon
+    kernels redoes the runs that use them, and only those."""
+    gluon = RUNS["ours-flash-gluon-fused-graphs"]
+    assert gluon.label.startswith("ours, Gluon FA2 (sm90)")
+    assert "cs336_systems.kernels.flash_gluon" in gluon.modules()
+    triton = RUNS["ours-flash-triton-fused-graphs"]
+    assert "cs336_systems.kernels.flash_gluon" not in triton.modules()

@@ -1,5 +1,6 @@
 """The training steps the section puts side by side, each defined once: which model, attention,
-optimizer and compilation. Ours in every combination of attention (SDPA, our FA2), optimizer
+optimizer and compilation. Ours in every combination of attention (SDPA, our Triton FA2, our
+Gluon FA2 for Hopper), optimizer
 (AdamW written out, fused) and compilation, and compiled into CUDA graphs with the fused
 optimizer, also with the matmul weights held as bf16 copies of fp32 masters that the fused
 optimizer keeps (`lm.build.hold_master_weights`); the stock parts a user would assemble
@@ -45,7 +46,9 @@ def _ours(attention: str, optimizer: str, compile_: bool) -> TrainingRun:
     return TrainingRun("ours", attention, optimizer, compile_)
 
 
-ATTENTIONS = ("sdpa", "flash-triton")  # names of lm.attention's registry, as in the run names
+# names of lm.attention's registry, as in the run names (flash-gluon: Hopper, d 64 and 128; the
+# Triton FA2 elsewhere)
+ATTENTIONS = ("sdpa", "flash-triton", "flash-gluon")
 
 RUNS: dict[str, TrainingRun] = {
     **{f"ours-{attention}-{o}{'-compiled' if c else ''}": _ours(attention, optimizer, c)
