@@ -82,6 +82,18 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
+@triton.constexpr_function
+def _wgmma_layouts(walked: int, head_d: int, num_warps: int) -> tuple:
+    """A program's register layouts, its warps splitting the rows of each wgmma: the scores'
+    (the program's rows by `walked` columns), the accumulators' (rows by head_d), and the
+    A operand's of a product into an accumulator (P, or dS, from registers)."""
+    scores = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                       instr_shape=[16, walked, 16])
+    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                    instr_shape=[16, head_d, 16])
+    return scores, acc, gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+
+
 @gluon.jit
 def _issue_pair(a_desc, b_desc, a_smem, b_smem, ready, row, tile, STAGES: gl.constexpr):
     """Start the TMA loads of tile `tile` (rows `row`..) of two tensors (K and V, or Q and dO)
@@ -91,6 +103,19 @@ def _issue_pair(a_desc, b_desc, a_smem, b_smem, ready, row, tile, STAGES: gl.con
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
     _tma_load(a_desc, [row, 0], bar, a_smem.index(slot))
     _tma_load(b_desc, [row, 0], bar, b_smem.index(slot))
+
+
+@gluon.jit
+def _next_slot(a_desc, b_desc, a_smem, b_smem, ready, first_row, j, n_tiles,
+               BLOCK: gl.constexpr, STAGES: gl.constexpr):
+    """One step of a walk over n_tiles tiles from `first_row`: refill the slot that tile j - 1
+    used (its wgmmas have completed) with tile j + STAGES - 1, wait for tile j; its slot."""
+    nxt = j + STAGES - 1
+    if nxt < n_tiles:
+        _issue_pair(a_desc, b_desc, a_smem, b_smem, ready, first_row + nxt * BLOCK, nxt, STAGES)
+    slot = j % STAGES
+    mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+    return slot
 
 
 @gluon.jit
@@ -219,11 +244,10 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, qk_scale,
     head_row = bh * seq                 # the head's first row in the 2-D views
     start_m = pid_m * BLOCK_M
 
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, HEAD_D, num_warps)
+    s_layout: gl.constexpr = layouts[0]
+    o_layout: gl.constexpr = layouts[1]
+    p_layout: gl.constexpr = layouts[2]
 
     q_smem, q_ready = _own_tile(q_desc, head_row + start_m)
     k_smem, v_smem, kv_ready = _ring_pair(k_desc, v_desc, STAGES)
@@ -258,13 +282,8 @@ def _waited_tiles(k_desc, v_desc, q_smem, k_smem, v_smem, kv_ready, head_row, st
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
     for j in range(n_tiles):
-        # refill the slot that tile j - 1 used (its wgmmas have completed) with tile j + S - 1
-        nxt = j + STAGES - 1
-        if nxt < n_tiles:
-            _issue_pair(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row + nxt * BLOCK_N, nxt,
-                        STAGES)
-        slot = j % STAGES
-        mbarrier.wait(kv_ready.index(slot), (j // STAGES) & 1)
+        slot = _next_slot(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row, j, n_tiles,
+                          BLOCK_N, STAGES)
         acc, m_i, l_i = _attend_tile(q_smem, k_smem.index(slot), v_smem.index(slot), acc, m_i,
                                      l_i, start_m, j * BLOCK_N, seq, qk_scale, j >= n_full,
                                      s_layout, p_layout, o_layout, BLOCK_M, BLOCK_N, CAUSAL)
@@ -379,11 +398,10 @@ def attention_fwd_specialized_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq
     head_row = bh * seq
     start_m = pid_m * BLOCK_M
 
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, HEAD_D, num_warps)
+    s_layout: gl.constexpr = layouts[0]
+    o_layout: gl.constexpr = layouts[1]
+    p_layout: gl.constexpr = layouts[2]
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -458,11 +476,10 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse_p
     head_row = bh * seq
     start_n = pid_n * BLOCK_N
 
-    st_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_D, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, HEAD_D, num_warps)   # keys are the rows
+    st_layout: gl.constexpr = layouts[0]
+    acc_layout: gl.constexpr = layouts[1]
+    op_layout: gl.constexpr = layouts[2]
 
     k_smem, v_smem, kv_ready = _own_pair(k_desc, v_desc, head_row + start_n)
     q_smem, do_smem, ready = _ring_pair(q_desc, do_desc, STAGES)
@@ -479,12 +496,8 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse_p
     mbarrier.wait(kv_ready, 0)
 
     for j in range(n_tiles):
-        nxt = j + STAGES - 1
-        if nxt < n_tiles:
-            _issue_pair(q_desc, do_desc, q_smem, do_smem, ready,
-                        head_row + (first + nxt) * BLOCK_M, nxt, STAGES)
-        slot = j % STAGES
-        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+        slot = _next_slot(q_desc, do_desc, q_smem, do_smem, ready, head_row + first * BLOCK_M, j,
+                          n_tiles, BLOCK_M, STAGES)
         start_m = (first + j) * BLOCK_M
         # masked: the sequence's last query tile, and the diagonal band under the causal mask
         needs_mask = start_m + BLOCK_M > seq
@@ -521,19 +534,18 @@ def _dq_tile(q_smem, do_smem, k_tile, v_tile, dq, lse2, delta, start_m, start_n,
 
 @gluon.jit
 def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, o_ptr, do_ptr, lse_ptr,
-                        delta_ptr, seq, qk_scale, sm_scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
-                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        delta_ptr, seq, qk_scale, sm_scale, HEAD_D: gl.constexpr,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                        CAUSAL: gl.constexpr, num_warps: gl.constexpr):
     pid_m = gl.program_id(0)            # which BLOCK_M queries
     bh = gl.program_id(1)               # which (batch, head)
     head_row = bh * seq
     start_m = pid_m * BLOCK_M
 
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_D, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, HEAD_D, num_warps)
+    s_layout: gl.constexpr = layouts[0]
+    acc_layout: gl.constexpr = layouts[1]
+    op_layout: gl.constexpr = layouts[2]
 
     q_smem, do_smem, q_ready = _own_pair(q_desc, do_desc, head_row + start_m)
     k_smem, v_smem, ready = _ring_pair(k_desc, v_desc, STAGES)
@@ -549,12 +561,8 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, o_ptr, do_ptr, 
     mbarrier.wait(q_ready, 0)
 
     for j in range(n_tiles):
-        nxt = j + STAGES - 1
-        if nxt < n_tiles:
-            _issue_pair(k_desc, v_desc, k_smem, v_smem, ready, head_row + nxt * BLOCK_N, nxt,
-                        STAGES)
-        slot = j % STAGES
-        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+        slot = _next_slot(k_desc, v_desc, k_smem, v_smem, ready, head_row, j, n_tiles, BLOCK_N,
+                          STAGES)
         dq = _dq_tile(q_smem, do_smem, k_smem.index(slot), v_smem.index(slot), dq, lse2, delta,
                       start_m, j * BLOCK_N, seq, qk_scale, j >= n_full, s_layout, op_layout,
                       BLOCK_M, BLOCK_N, CAUSAL)
