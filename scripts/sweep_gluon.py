@@ -4,7 +4,7 @@ query-tile backward kernels) with the others at their defaults, each checked aga
 defaults' outputs before it is timed. `TILES` in `kernels/flash_gluon.py` comes from this (16
 heads of 16384 causal bf16, on an H200).
 
-    python scripts/sweep_gluon.py [--heads 16] [--seq 16384] [--json out.json]
+    python scripts/sweep_gluon.py [--heads 16] [--seq 16384] [--kernels forward dq] [--json out.json]
 
 One line per (d, kernel, tiles): the time of the pass it runs (forward, or the whole backward:
 both of its kernels), or the error that stopped it (a tile set too large for shared memory).
@@ -45,7 +45,7 @@ CANDIDATES = {
 }
 
 
-def sweep(heads: int, seq: int, d: int) -> list[dict]:
+def sweep(heads: int, seq: int, d: int, kernels: list[str]) -> list[dict]:
     torch.manual_seed(0)
     q, k, v, grad_o = (torch.randn(1, heads, seq, d, device="cuda", dtype=torch.bfloat16)
                        for _ in range(4))
@@ -60,7 +60,8 @@ def sweep(heads: int, seq: int, d: int) -> list[dict]:
         "dq": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True), grads),
     }
     rows = []
-    for kernel, candidates in CANDIDATES.items():
+    for kernel in kernels:
+        candidates = CANDIDATES[kernel]
         run, expected = passes[kernel]
         default = fg.TILES[kernel][d]
         for tiles in candidates[d]:
@@ -85,9 +86,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--seq", type=int, default=16384)
+    parser.add_argument("--kernels", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES),
+                        help="which kernels' candidates to time (default: all)")
     parser.add_argument("--json", help="write every row here")
     args = parser.parse_args()
-    rows = [row for d in fg.SUPPORTED_HEAD_DIMS for row in sweep(args.heads, args.seq, d)]
+    rows = [row for d in fg.SUPPORTED_HEAD_DIMS
+            for row in sweep(args.heads, args.seq, d, args.kernels)]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
