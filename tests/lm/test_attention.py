@@ -8,7 +8,11 @@ import torch
 import torch.nn.functional as F
 from conftest import DEVICE
 
-from cs336_systems.lm.attention import get_attention, unavailable_reason
+from cs336_systems.lm.attention import (
+    get_attention,
+    package_unavailable_reason,
+    unavailable_reason,
+)
 
 FA4_INSTALLED = importlib.util.find_spec("flash_attn") is not None
 
@@ -19,6 +23,17 @@ def test_fa4_says_why_it_cannot_run_here_instead_of_failing():
     assert reason and "FlashAttention-4" in reason
     if not FA4_INSTALLED:
         assert "pip install flash-attn-4" in reason
+
+
+def test_a_job_asks_before_any_input_exists():
+    """From a config alone (head dimension, dtype, device): the optional package's kernel says
+    why not, with the same reason as on inputs; every other implementation has nothing to say."""
+    fa4 = package_unavailable_reason("fa4", 80, torch.float32, torch.device(DEVICE))
+    assert fa4 and "FlashAttention-4" in fa4
+    odd = package_unavailable_reason("fa4", 36, torch.bfloat16, torch.device(DEVICE))
+    assert odd and ("multiples of 8" in odd if FA4_INSTALLED and DEVICE == "cuda" else odd == fa4)
+    for name in ("sdpa", "flash-triton", "flash-gluon", "sdpa-cudnn"):
+        assert package_unavailable_reason(name, 64, torch.bfloat16, torch.device(DEVICE)) is None
 
 
 @pytest.mark.skipif(DEVICE != "cuda" or not FA4_INSTALLED,

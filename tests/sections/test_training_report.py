@@ -89,6 +89,24 @@ def test_the_fastest_of_ours_against_each_stock_part(tmp_path):
     assert small["best"]["ceiling_share"] == pytest.approx(160 / 750)
 
 
+def test_the_stock_step_with_flashattention_4_is_a_reference_too(tmp_path):
+    """The peers' attention in the stock step: ours against it as against the others, each
+    sentence from its own ratio (our FA4 run may be our fastest: a stock part ours may use)."""
+    training = [_training(tmp_path, "ours-flash-triton-fused-bf16w-graphs", 9.0),
+                _training(tmp_path, "ours-fa4-fused-bf16w-graphs", 8.0),
+                _training(tmp_path, "stock-compiled", 12.0),
+                _training(tmp_path, "stock-fa4-compiled", 10.0)]
+    facts, text = _facts(tmp_path, training, [])
+    (small,) = facts["training"]
+    assert small["best"]["label"] == RUNS["ours-fa4-fused-bf16w-graphs"].label
+    assert "FlashAttention-4" in small["best"]["label"]
+    fa4 = small["against"]["stock-fa4-compiled"]
+    assert fa4["ratio"] == pytest.approx(0.8) and fa4["speedup"]["word"] == "faster"
+    assert (f"Against our model with stock parts, {RUNS['stock-fa4-compiled'].label} (10.0 ms), "
+            "it is 1.25x faster") in text
+    assert f"{RUNS['stock-compiled'].label} (12.0 ms), it is 1.50x faster" in text
+
+
 def test_slower_and_tied_say_so(tmp_path):
     facts, text = _facts(tmp_path, [_training(tmp_path, "ours-flash-triton-fused-compiled", 15.0),
                                     _training(tmp_path, "hf-llama-compiled", 12.0),
@@ -129,6 +147,11 @@ def test_on_a_cpu_the_jobs_run_what_they_can_and_say_why_not_the_rest(tmp_path):
     time_training.main(["--run", "stock-compiled", "--size", "tiny", "--context-length", "16",
                         "--device", "cpu", "--output", str(out)])
     assert json.loads(out.read_text())["message"].endswith("needs CUDA")
+    for run in ("stock-fa4-compiled", "ours-fa4-fused-bf16w-graphs"):  # the peer's package
+        time_training.main(["--run", run, "--size", "tiny", "--context-length", "16",
+                            "--device", "cpu", "--output", str(out)])
+        record = json.loads(out.read_text())
+        assert record["status"] == "skipped" and record["message"], run
     time_optimizer.main(["--size", "tiny", "--device", "cpu", "--output", str(out)])
     assert json.loads(out.read_text())["status"] == "skipped"
 

@@ -147,6 +147,17 @@ def fa4_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> T
     return attend(q, k, v, is_causal)
 
 
+def package_unavailable_reason(name: str, head_dim: int, dtype: torch.dtype,
+                               device: torch.device) -> str | None:
+    """Why implementation `name`, if it says for itself (an optional package's kernel, `fa4`),
+    cannot take heads of `head_dim` in `dtype` on `device`, or None; None for every other
+    implementation (before any input exists: a job's skip, from its config)."""
+    attention = _lookup(name)
+    if attention.unavailable is None:
+        return None
+    return attention.unavailable(torch.empty(0, 1, 1, head_dim, device=device, dtype=dtype))
+
+
 # What FlashAttention-4 takes (its module flash_attn.cute.interface): Hopper or Blackwell, 16-bit
 # inputs, head dimensions that are multiples of 8 up to 256.
 FA4_CAPABILITIES = ((9, 0), (10, 0), (10, 3), (11, 0), (12, 0))

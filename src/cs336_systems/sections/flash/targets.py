@@ -248,9 +248,13 @@ TARGETS: tuple[Target, ...] = (
     Target("models_graph_vs_sdpa_cudnn", "forward+backward, the models' heads, GPU time (CUDA "
            "graph)", "model_shapes_graph", AttentionRun(OURS), "<=", 1.0,
            AttentionRun("sdpa-cudnn"), stretch=True),
+    Target("models_graph_vs_fa4", "forward+backward, the models' heads, GPU time (CUDA graph)",
+           "model_shapes_graph", AttentionRun(OURS), "<=", 1.0, AttentionRun(PEER), stretch=True),
     Target("batch_one_graph_vs_sdpa_flash", "forward+backward, batch 1 at 4096, GPU time (CUDA "
            "graph)", "batch_one_graph", AttentionRun(OURS), "<=", 1.25,
            AttentionRun("sdpa-flash")),
+    Target("batch_one_graph_vs_fa4", "forward+backward, batch 1 at 4096, GPU time (CUDA graph)",
+           "batch_one_graph", AttentionRun(OURS), "<=", 1.0, AttentionRun(PEER), stretch=True),
     Target("fp32_forward_vs_ieee", "fp32 forward at the default precision", "fp32_forward",
            AttentionRun(OURS), "<=", 0.25, AttentionRun("flash-triton-ieee")),
     Target("sweep_vs_sdpa_flash", f"forward+backward, seq ≥ {SDPA_FLASH_FROM_SEQ}",

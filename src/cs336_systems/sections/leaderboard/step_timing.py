@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from cs336_systems.distributed.fully_shard import fully_shard_layers
-from cs336_systems.lm.attention import fa4_unavailable_reason
+from cs336_systems.lm.attention import package_unavailable_reason
 from cs336_systems.lm.build import cpu_unavailable_reason
 from cs336_systems.lm.levers import LanguageModelLoss, apply_layer_levers, plain
 from cs336_systems.lm.loss import head_loss_unavailable_reason
@@ -149,12 +149,9 @@ def skip_reason(run: LeaderboardVariant, config: dict) -> str | None:
     if config["backend"] == "gloo":
         return cpu_unavailable_reason(run.attention, run.optimizer, run.compile,
                                       config["precision"])
-    if run.attention == "fa4":  # the optional package, on a GPU it supports
-        spec = shape_of(config)
-        q = torch.empty(0, 1, 1, spec.d_model // spec.num_heads, device="cuda",
-                        dtype=PRECISIONS[config["precision"]])
-        return fa4_unavailable_reason(q)
-    return None
+    spec = shape_of(config)  # an optional package's attention, on a GPU it supports
+    return package_unavailable_reason(run.attention, spec.d_model // spec.num_heads,
+                                      PRECISIONS[config["precision"]], device)
 
 
 def work(config: dict, rank: int, world_size: int, device: torch.device) -> dict:

@@ -26,6 +26,7 @@ TORCH_FUSED = "torch-adamw-fused"   # the optimizer the fused one is held agains
 OURS_FUSED = "adamw-fused"
 HF = "hf-llama-compiled"            # the stock model, compiled
 STOCK = "stock-compiled"            # our model with stock parts, compiled
+STOCK_FA4 = "stock-fa4-compiled"    # the same with FlashAttention-4 (a peer's package)
 PHASES = ("forward", "backward", "optimizer", "step")
 
 
@@ -189,7 +190,7 @@ def training_facts(frame: pd.DataFrame) -> list[dict]:
         ours = ok[~ok["stock"]]
         best = ours["ms_median"].idxmin() if len(ours) else None
         against = {}
-        for reference in (HF, STOCK):
+        for reference in (HF, STOCK, STOCK_FA4):
             if best is not None and reference in ok.index:
                 against[reference] = {
                     "label": RUNS[reference].label,

@@ -1,12 +1,12 @@
 """The training steps the section puts side by side, each defined once: which model, attention,
 optimizer and compilation. Ours in every combination of attention (SDPA, our Triton FA2, our
-Gluon FA2 for Hopper), optimizer
-(AdamW written out, fused) and compilation, and compiled into CUDA graphs with the fused
-optimizer, also with the matmul weights held as bf16 copies of fp32 masters that the fused
-optimizer keeps (`lm.build.hold_master_weights`); the stock parts a user would assemble
-instead: our
-model with torch's fused AdamW and SDPA's cuDNN attention, compiled, and Hugging Face's Llama
-of the same shape with torch's fused AdamW, eager and compiled.
+Gluon FA2 for Hopper), optimizer (AdamW written out, fused) and compilation, and compiled into
+CUDA graphs with the fused optimizer, also with the matmul weights held as bf16 copies of fp32
+masters that the fused optimizer keeps (`lm.build.hold_master_weights`); the stock parts a user
+would assemble instead: our model with torch's fused AdamW and SDPA's cuDNN attention (or
+FlashAttention-4, a peer's package), compiled, and Hugging Face's Llama of the same shape with
+torch's fused AdamW, eager and compiled; and our fastest step with FlashAttention-4 in place of
+our kernel, where a stock part may beat ours.
 """
 
 from __future__ import annotations
@@ -62,6 +62,11 @@ RUNS: dict[str, TrainingRun] = {
                                                            graphs=True, master_weights=True)
        for attention in ATTENTIONS},
     "stock-compiled": TrainingRun("ours", "sdpa-cudnn", "torch-adamw-fused", True, stock=True),
+    # the peers' attention (FlashAttention-4, optional package flash-attn-4) in the stock step
+    # and in our fastest one
+    "stock-fa4-compiled": TrainingRun("ours", "fa4", "torch-adamw-fused", True, stock=True),
+    "ours-fa4-fused-bf16w-graphs": TrainingRun("ours", "fa4", "adamw-fused", True, graphs=True,
+                                               master_weights=True),
     "hf-llama": TrainingRun("hf-llama", "sdpa", "torch-adamw-fused", False, stock=True),
     "hf-llama-compiled": TrainingRun("hf-llama", "sdpa", "torch-adamw-fused", True, stock=True),
 }
