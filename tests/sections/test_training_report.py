@@ -19,7 +19,7 @@ SHAPE = {"size": "small", "context_length": 512, "batch_size": 4, "precision": "
 
 
 def _training(tmp_path, run, loop_ms, spread=0.1, optimizer_ms=2.0, status="ok", peak=3.0,
-              size="small", ceiling=750.0):
+              size="small", ceiling=750.0, git="abc"):
     metrics = {} if status != "ok" else {
         **{f"loop_step_ms_{s}": v for s, v in (("mean", loop_ms), ("std", spread),
                                               ("median", loop_ms), ("min", loop_ms - spread),
@@ -28,7 +28,7 @@ def _training(tmp_path, run, loop_ms, spread=0.1, optimizer_ms=2.0, status="ok",
         "matmul_tflops": ceiling, "model_flops": 1.6e12}
     path = tmp_path / f"{size}-{run}.json"
     write_json_atomic(path, make_record("training", {**SHAPE, "size": size, "run": run}, status,
-                                        metrics, ENV,
+                                        metrics, {**ENV, "git": git},
                                         "CUDA out of memory" if status == "oom" else None))
     return str(path)
 
@@ -105,6 +105,26 @@ def test_the_stock_step_with_flashattention_4_is_a_reference_too(tmp_path):
     assert (f"Against our model with stock parts, {RUNS['stock-fa4-compiled'].label} (10.0 ms), "
             "it is 1.25x faster") in text
     assert f"{RUNS['stock-compiled'].label} (12.0 ms), it is 1.50x faster" in text
+
+
+def test_a_stock_step_is_compared_only_with_ours_of_its_own_job_matrix(tmp_path):
+    """Our fastest row came from an older matrix (commit "old"): the references measured in a
+    newer one are compared with the fastest of ours measured beside them, and the prose names
+    it; a reference with none of ours beside it is not compared."""
+    training = [_training(tmp_path, "ours-sdpa-fused-bf16w-graphs", 5.0, git="old"),
+                _training(tmp_path, "ours-flash-triton-fused-bf16w-graphs", 6.0, git="new"),
+                _training(tmp_path, "hf-llama-compiled", 18.0, git="new"),
+                _training(tmp_path, "stock-compiled", 12.0, git="other")]
+    facts, text = _facts(tmp_path, training, [])
+    (small,) = facts["training"]
+    assert small["best"]["label"] == RUNS["ours-sdpa-fused-bf16w-graphs"].label
+    hf = small["against"]["hf-llama-compiled"]
+    assert hf["ours_label"] == RUNS["ours-flash-triton-fused-bf16w-graphs"].label
+    assert not hf["ours_is_best"] and hf["ratio"] == pytest.approx(6.0 / 18.0)
+    assert "stock-compiled" not in small["against"]
+    assert (f"our fastest there, {RUNS['ours-flash-triton-fused-bf16w-graphs'].label} (6.0 ms), "
+            "is 3.00x faster") in text
+    assert "3.60x" not in text  # 18 / 5: the rows of two matrices, never compared
 
 
 def test_slower_and_tied_say_so(tmp_path):

@@ -191,13 +191,20 @@ def training_facts(frame: pd.DataFrame) -> list[dict]:
         best = ours["ms_median"].idxmin() if len(ours) else None
         against = {}
         for reference in (HF, STOCK, STOCK_FA4):
-            if best is not None and reference in ok.index:
-                against[reference] = {
-                    "label": RUNS[reference].label,
-                    "ms": facts.number(ok.loc[reference, "ms_median"]),
-                    "ratio": facts.number(ok.loc[best, "ms_median"]
-                                          / ok.loc[reference, "ms_median"]),
-                    "speedup": _step_speedup(ok.loc[best], ok.loc[reference])}
+            # a reference is compared with the fastest of ours measured in its own job matrix
+            # (the same commit): rows of other matrices ran on another day, or another GPU
+            beside = ours[ours["env_git"] == ok.loc[reference, "env_git"]] \
+                if reference in ok.index else ours.iloc[:0]
+            if beside.empty:
+                continue
+            mine = beside["ms_median"].idxmin()
+            against[reference] = {
+                "label": RUNS[reference].label,
+                "ms": facts.number(ok.loc[reference, "ms_median"]),
+                "ours_label": RUNS[mine].label, "ours_ms": facts.number(ok.loc[mine, "ms_median"]),
+                "ours_is_best": bool(mine == best),
+                "ratio": facts.number(ok.loc[mine, "ms_median"] / ok.loc[reference, "ms_median"]),
+                "speedup": _step_speedup(ok.loc[mine], ok.loc[reference])}
         # what one lever buys: each run beside its twin without it, in the same matrix
         fused_gain = _twin_gains(ok, "optimizer", "adamw-fused", "adamw")
         masters_gain = _twin_gains(ok, "master_weights", True, False)
