@@ -105,6 +105,25 @@ def test_a_target_met_and_a_slower_step_read_differently(tmp_path):
     assert "slower than the stock parts" in slower
 
 
+def test_a_near_miss_says_by_how_much_and_whether_the_stock_spread_covers_it(tmp_path):
+    """2257 ms against 3000 is 0.7523x: not a '0.75x' that misses 0.75x. It misses by 7 ms of
+    ours; against the stock step's slowest (3005 ms, its spread 5) ours would take 0.7511x,
+    still a miss, so no spread is claimed; with a spread of 80 ms it is 0.73x, inside it."""
+    facts, text = _one(tmp_path, _matrix(tmp_path, cudnn=2257.0))
+    against = facts["against"]
+    assert not against["meets_target"] and against["target_off_ms"] == pytest.approx(7.0)
+    assert "ours takes 0.752x that time" in text and "0.75x that time" not in text
+    assert "misses the proxy's target of 0.75x by 7 ms of ours" in text
+    assert "inside the stock step's measured spread" not in text
+    paths = _matrix(tmp_path, cudnn=2257.0)
+    paths[0] = _record(tmp_path, "stock", 3000.0, peak=137.0, spread=80.0)
+    _, text = _facts(tmp_path, paths)
+    assert ("by 7 ms of ours, inside the stock step's measured spread (against its slowest "
+            "step ours takes 0.73x)") in text
+    _, met = _facts(tmp_path, _matrix(tmp_path, cudnn=2100.0))
+    assert "ms of ours" not in met and "0.70x that time" in met
+
+
 def test_each_lever_saves_costs_or_bought_the_fit(tmp_path):
     facts, text = _one(tmp_path, _matrix(tmp_path))
     levers = {lever["lever"]: lever for lever in facts["levers"]}

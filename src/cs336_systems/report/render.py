@@ -43,12 +43,18 @@ def fmt(value, digits: int = 2) -> str:
     return "" if _missing(value) else f"{value:.{digits}f}"
 
 
-def fmt_ratio(value) -> str:
-    """A factor: '2.9x'."""
+def fmt_ratio(value, beside=None) -> str:
+    """A factor: '2.9x'. Beside a bound it is held to (`beside`), as many more digits as tell
+    the two apart: 0.7524 against 0.75 is '0.752x', not a '0.75x' that misses 0.75x."""
     if _missing(value):
         return ""
     if value < 0.1:
         return f"{value:.2g}x"
+    if not _missing(beside) and value != beside and 0.1 <= value < 10:
+        digits = 2
+        while digits < 4 and f"{value:.{digits}f}" == f"{beside:.{digits}f}":
+            digits += 1
+        return f"{value:.{digits}f}x"
     return f"{value:.2f}x" if value < 10 else f"{value:.1f}x" if value < 100 else f"{value:.0f}x"
 
 
