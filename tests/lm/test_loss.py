@@ -4,7 +4,12 @@
 import pytest
 import torch
 
-from cs336_systems.lm.loss import cross_entropy, default_chunk, linear_cross_entropy
+from cs336_systems.lm.loss import (
+    MIN_FP32_CHUNK_TOKENS,
+    cross_entropy,
+    default_chunk,
+    linear_cross_entropy,
+)
 
 
 def _case(tokens=(3, 11), d=24, vocab=101, dtype=torch.float32, seed=0):
@@ -101,14 +106,19 @@ def test_backward_runs_once():
         loss.backward()
 
 
-@pytest.mark.parametrize("tokens,d,vocab,expected", [
-    (32768, 4096, 151936, 1024),   # the 2026 leaderboard: 38 vocab rows a hidden row
-    (33, 24, 101, 8),
-    (1, 24, 101, 1),
-    (64, 128, 100, 64),            # a vocabulary smaller than d: one chunk
+@pytest.mark.parametrize("tokens,d,vocab,fp32,expected", [
+    (32768, 4096, 151936, False, 1024),  # the 2026 leaderboard: 38 vocab rows a hidden row
+    (32768, 4096, 151936, True, 4096),   # an fp32 dW accumulator: never fewer than 4096
+    (65536, 4096, 8192, True, 32768),    # a small vocabulary: logits the hidden states' size
+    (33, 24, 101, False, 8),
+    (33, 24, 101, True, 33),             # fewer tokens than the fp32 floor: one chunk
+    (1, 24, 101, False, 1),
+    (64, 128, 100, False, 64),           # a vocabulary smaller than d: one chunk
 ])
-def test_a_chunks_logits_are_about_the_hidden_states_size(tokens, d, vocab, expected):
-    assert default_chunk(tokens, d, vocab) == expected
+def test_a_chunk_is_about_the_hidden_states_size_but_large_for_fp32_dw(tokens, d, vocab, fp32,
+                                                                        expected):
+    assert default_chunk(tokens, d, vocab, fp32_accumulator=fp32) == expected
+    assert MIN_FP32_CHUNK_TOKENS == 4096
 
 
 def test_every_chunks_logits_reuse_one_buffer():
