@@ -122,6 +122,19 @@ def test_a_near_miss_says_by_how_much_and_whether_the_stock_spread_covers_it(tmp
             "step ours takes 0.73x)") in text
     _, met = _facts(tmp_path, _matrix(tmp_path, cudnn=2100.0))
     assert "ms of ours" not in met and "0.70x that time" in met
+    assert "even against the stock step's fastest measured step (0.70x)" in met
+
+
+def test_a_near_hit_says_whether_it_holds_against_the_stocks_fastest_step(tmp_path):
+    """2240 ms against a stock median of 3000 (0.7467x) meets 0.75x, but against the stock
+    step's fastest (2920 ms, its spread 80) ours takes 0.767x: met only inside the spread."""
+    paths = _matrix(tmp_path, cudnn=2240.0)
+    paths[0] = _record(tmp_path, "stock", 3000.0, peak=137.0, spread=80.0)
+    facts, text = _facts(tmp_path, paths)
+    (matrix,) = facts["matrices"]
+    assert matrix["against"]["meets_target"]
+    assert ("meets the proxy's target of 0.75x, but only inside the stock step's measured spread "
+            "(against its fastest step ours takes 0.77x)") in text
 
 
 def test_each_lever_saves_costs_or_bought_the_fit(tmp_path):

@@ -256,13 +256,17 @@ def _against(ok: pd.DataFrame, fastest: str, stock: str, proxy: bool,
             "target": TARGET_RATIO if proxy else None,
             "meets_target": bool(ratio <= TARGET_RATIO) if proxy else None,
             # a miss: by how much of ours, and whether the stock step's own spread covers it
-            # (against its slowest measured step, ours would meet the target)
+            # (against its slowest measured step, ours would meet the target); a hit: whether
+            # it holds against the stock step's fastest measured step too
             "target_off_ms": facts.number(ok.loc[fastest, "step_ms_median"]
                                           - TARGET_RATIO * stock_ms)
             if proxy and ratio > TARGET_RATIO else None,
             "target_ratio_to_slowest": facts.number(
                 ok.loc[fastest, "step_ms_median"] / ok.loc[stock, "step_ms_max"])
             if proxy and ratio > TARGET_RATIO else None,
+            "target_ratio_to_fastest": facts.number(
+                ok.loc[fastest, "step_ms_median"] / ok.loc[stock, "step_ms_min"])
+            if proxy and ratio <= TARGET_RATIO else None,
             "target_ms": TARGET_MS if has_target_ms else None,
             "meets_target_ms": bool(ok.loc[fastest, "step_ms_median"] <= TARGET_MS)
             if has_target_ms else None,
