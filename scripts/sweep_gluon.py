@@ -1,10 +1,10 @@
 """Sweep the Gluon FlashAttention kernels' tiles on a Hopper GPU: for each head dimension, every
-candidate tile set of each kernel (the forward's three schedules, the key-tile and the
-query-tile backward kernels) with the others at their defaults, each checked against the
-defaults' outputs before it is timed. `TILES` in `kernels/flash_gluon.py` comes from this (16
-heads of 16384 causal bf16, on an H200).
+candidate tile set of each kernel (the forward's three schedules; the backward's key-tile and
+query-tile kernels, and the key-tile kernel that adds dQ atomically) with the others at their
+defaults, each checked against the defaults' outputs before it is timed. `TILES` in
+`kernels/flash_gluon.py` comes from this (16 heads of 16384 causal bf16, on an H200).
 
-    python scripts/sweep_gluon.py [--heads 16] [--seq 16384] [--kernels forward dq] [--json out.json]
+    python scripts/sweep_gluon.py [--heads 16] [--seq 16384] [--kernels forward dq] [--json f]
 
 One line per (d, kernel, tiles): the time of the pass it runs (forward, or the whole backward:
 both of its kernels), or the error that stopped it (a tile set too large for shared memory).
@@ -38,6 +38,8 @@ CANDIDATES = {
                   Tiles(128, 64, 2, 4), Tiles(64, 64, 3, 4)],
              128: [Tiles(64, 64, 2, 4), Tiles(64, 64, 3, 4), Tiles(128, 64, 2, 4),
                    Tiles(64, 128, 2, 8), Tiles(32, 64, 2, 4)]},
+    # the key-tile kernel adding dQ atomically (d 64 only: it spills at 128)
+    "dkdv-atomic": {64: [Tiles(64, 64, 2, 4), Tiles(64, 64, 3, 4), Tiles(64, 128, 2, 8)]},
     "dq": {64: [Tiles(128, 64, 2, 8), Tiles(128, 128, 2, 8), Tiles(64, 64, 2, 4),
                 Tiles(64, 128, 2, 4), Tiles(64, 64, 3, 4)],
            128: [Tiles(64, 64, 2, 4), Tiles(128, 64, 2, 8), Tiles(64, 64, 3, 4),
@@ -58,13 +60,16 @@ def sweep(heads: int, seq: int, d: int, kernels: list[str]) -> list[dict]:
                                 (o,)),
         "dkdv": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True), grads),
         "dq": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True), grads),
+        "dkdv-atomic": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True, "atomic"),
+                        grads),
     }
     rows = []
     for kernel in kernels:
-        candidates = CANDIDATES[kernel]
+        if d not in CANDIDATES[kernel]:
+            continue
         run, expected = passes[kernel]
         default = fg.TILES[kernel][d]
-        for tiles in candidates[d]:
+        for tiles in CANDIDATES[kernel][d]:
             fg.TILES[kernel][d] = tiles
             row = {"d": d, "kernel": kernel, "tiles": tiles.__dict__, "default": tiles == default}
             try:

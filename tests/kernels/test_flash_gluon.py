@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from cs336_systems.kernels.flash_gluon import (
+    BACKWARD_SCHEDULES,
     KERNELS,
     LOADER_WARPS,
     SCHEDULES,
@@ -16,6 +17,7 @@ from cs336_systems.kernels.flash_gluon import (
     FlashAttentionGluon,
     check_inputs,
     compile_for_sm90,
+    flash_gluon_backward,
     flash_gluon_forward,
 )
 
@@ -24,8 +26,7 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on a
 SM90_SHARED_BYTES = 227 * 1024  # the most shared memory one block of an H100 or H200 may hold
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("d", SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("kernel, d", [(kernel, d) for kernel in KERNELS for d in TILES[kernel]])
 def test_compiles_for_hopper_without_spilling(kernel, d):
     usage = compile_for_sm90(kernel, d, is_causal=True)
     assert usage["spilled_bytes"] == 0, usage
@@ -39,8 +40,20 @@ def test_compiles_for_hopper_without_spilling(kernel, d):
 
 def test_an_unknown_kernel_says_which_there_are():
     with pytest.raises(ValueError, match="allowed: forward, forward-overlap, "
-                                         "forward-specialized, dkdv, dq"):
+                                         "forward-specialized, dkdv, dq, dkdv-atomic, delta"):
         compile_for_sm90("backward", 64, True)
+
+
+def test_every_head_dimension_has_each_default_schedules_tiles():
+    """flash-gluon runs the default schedules at every supported d; the others say which they
+    take (the atomic backward, d 64: at 128 its key-tile kernel spills)."""
+    for kernel in (SCHEDULES["waited"], *BACKWARD_SCHEDULES["split"]):
+        assert set(TILES[kernel]) == set(SUPPORTED_HEAD_DIMS), kernel
+    q = torch.randn(1, 1, 16, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"the atomic backward takes d in \(64,\); got 128"):
+        flash_gluon_backward(q, q, q, q, q[..., 0].float(), q, True, "atomic")
+    with pytest.raises(ValueError, match="allowed: split, atomic"):
+        flash_gluon_backward(q, q, q, q, q[..., 0].float(), q, True, "fused")
 
 
 def test_an_unknown_schedule_says_which_there_are():
@@ -77,16 +90,22 @@ def test_forward_matches_float64(d, seq, is_causal, dtype, schedule):
 
 
 @needs_hopper
-@pytest.mark.parametrize("d", SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("schedule, d", [(schedule, d) for schedule, kernels in
+                                         BACKWARD_SCHEDULES.items() for d in TILES[kernels[-1]]])
 @pytest.mark.parametrize("seq", [128, 257, 1000])
 @pytest.mark.parametrize("is_causal", [True, False])
-def test_gradients_match_float64(d, seq, is_causal):
+def test_gradients_match_float64(schedule, d, seq, is_causal):
     torch.manual_seed(2 * seq + d)
     q, k, v = (torch.randn(2, 3, seq, d, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for _ in range(3))
     grad_o = torch.randn(2, 3, seq, d, device="cuda", dtype=torch.bfloat16)
-    FlashAttentionGluon.apply(q, k, v, is_causal).backward(grad_o)
-    got = [t.grad for t in (q, k, v)]
+    if schedule == "split":   # the default, through the autograd function
+        FlashAttentionGluon.apply(q, k, v, is_causal).backward(grad_o)
+        got = [t.grad for t in (q, k, v)]
+    else:
+        o, lse = flash_gluon_forward(q.detach(), k.detach(), v.detach(), is_causal)
+        got = flash_gluon_backward(q.detach(), k.detach(), v.detach(), o, lse, grad_o,
+                                   is_causal, schedule)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     _reference(q64, k64, v64, is_causal)[0].backward(grad_o.double())
     for name, g, ref in zip("qkv", got, (q64.grad, k64.grad, v64.grad)):

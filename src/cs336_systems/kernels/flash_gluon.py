@@ -4,7 +4,10 @@ shared memory, the TMA loads into rings of STAGES buffers with an mbarrier each,
 the compiler. The forward comes in three schedules (`SCHEDULES`): each wgmma waited for at once
 (`waited`, the default), FlashAttention-3's overlap of one tile's softmax with the next tile's
 S and this tile's P V (`overlapped`), and FlashAttention-3's warp specialization, a loader warp
-issuing every TMA load while the other warps compute (`specialized`, not yet run on a GPU).
+issuing every TMA load while the other warps compute (`specialized`, slower than `waited` on an
+H200). The backward comes in two (`BACKWARD_SCHEDULES`): a query-tile kernel for dQ and a
+key-tile kernel for dK and dV (`split`, the default), or the key-tile kernel adding each
+tile's dQ atomically (`atomic`, d 64, not yet run on a GPU).
 `lm.attention` registers the default as the attention choice `flash-gluon` (the Triton FA2
 where these kernels cannot take the inputs); torch.compile sees two custom operators,
 `cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd`. The backward's warps all load and
@@ -12,7 +15,7 @@ compute.
 
     o, lse = flash_gluon_forward(q, k, v, is_causal)        # (batch, heads, seq, d)
     o, lse = flash_gluon_forward(q, k, v, is_causal, "overlapped")    # or "specialized"
-    dq, dk, dv = flash_gluon_backward(q, k, v, o, lse, do, is_causal)
+    dq, dk, dv = flash_gluon_backward(q, k, v, o, lse, do, is_causal)   # or ..., "atomic")
     o = FlashAttentionGluon.apply(q, k, v, is_causal)       # both, as an autograd function
 
 q, k and v share one shape (self-attention, no grouped heads), bf16 or fp16, d 64 or 128
@@ -26,7 +29,9 @@ the program's TMA loads. Backward (Algorithm 2), two launches: program (m, bh) o
 query-tile kernel, launched first, owns BLOCK_M queries, computes their D = rowsum(dO * O) and
 walks their key tiles for dQ; program (n, bh) of the key-tile kernel owns BLOCK_N keys and
 walks the query tiles that see them for dK and dV (computing S^T and dP^T, so that keys are the
-rows of every product). A program's compute warps are num_warps // 4 warpgroups, which split
+rows of every product). In the atomic schedule, program (m, bh) of the first launch computes D
+alone, and the key-tile kernel's programs add dS K for each query tile they walk to that tile's
+dQ rows (fp32, atomically). A program's compute warps are num_warps // 4 warpgroups, which split
 the rows of each wgmma.
 
 The TMA descriptors see q, k, v and dO as 2-D (batch * heads * seq, d) tensors: a tile that
@@ -59,6 +64,7 @@ from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -92,6 +98,12 @@ def _wgmma_layouts(walked: int, head_d: int, num_warps: int) -> tuple:
     acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                     instr_shape=[16, head_d, 16])
     return scores, acc, gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+
+
+@triton.constexpr_function
+def _shared_tile(rows: int, cols: int, dtype) -> gl.NVMMASharedLayout:
+    """The shared layout of a (rows, cols) tile that wgmma reads, either way round."""
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
 
 
 @gluon.jit
@@ -435,17 +447,21 @@ _FORWARD_KERNELS = {"forward": attention_fwd_kernel, "forward-overlap": attentio
 # --- backward (FlashAttention-2, Algorithm 2): dK and dV from key tiles, dQ from query tiles --
 # Both recompute the probabilities from the forward's logsumexp (read in natural log, used in
 # base 2 as the scores are) and take D = rowsum(dO * O) (`delta`): the dQ kernel, launched
-# first, computes each of its rows' D and stores it for the key-tile kernel.
+# first, computes each of its rows' D and stores it for the key-tile kernel. In the atomic
+# schedule a small kernel computes D, and the key-tile kernel adds dQ as it goes.
 
 
 @gluon.jit
-def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, dk, dv, lse_ptr, delta_ptr, head_row,
-               start_n, start_m, seq, qk_scale, masked, st_layout: gl.constexpr,
-               op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               CAUSAL: gl.constexpr):
+def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, ds_smem, dk, dv, dq_ptr, lse_ptr, delta_ptr,
+               head_row, start_n, start_m, seq, qk_scale, sm_scale, masked,
+               st_layout: gl.constexpr, acc_layout: gl.constexpr, op_layout: gl.constexpr,
+               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               CAUSAL: gl.constexpr, ATOMIC_DQ: gl.constexpr):
     """One query tile's share of a key tile's dK and dV, transposed (keys are rows): S^T = K Q^T,
     P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q (lines 11-16).
-    `masked`: the tile crosses the causal diagonal or the sequence's end."""
+    With ATOMIC_DQ, dS^T goes through shared memory (`ds_smem`), where it is dK's A operand and,
+    read transposed, dQ's: the tile's share of dQ = dS K (line 15) is added to dQ's fp32 rows
+    atomically. `masked`: the tile crosses the causal diagonal or the sequence's end."""
     rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))   # queries
     lse2 = gl.load(lse_ptr + head_row + rows, mask=rows < seq, other=0.0) * LOG2_E_GL
     delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
@@ -459,18 +475,32 @@ def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, dk, dv, lse_ptr, delta_ptr, head
                           CAUSAL)
     dst = pt * (dpt - delta[None, :])
     pt16 = gl.convert_layout(pt.to(q_tile.dtype), op_layout)
-    dst16 = gl.convert_layout(dst.to(q_tile.dtype), op_layout)
-    dv = warpgroup_mma(pt16, do_tile, dv, is_async=True)
-    dk = warpgroup_mma(dst16, q_tile, dk, is_async=True)
-    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    if ATOMIC_DQ:
+        ds_smem.store(dst.to(q_tile.dtype))
+        fence_async_shared()
+        # dQ's product first, so that its atomic adds overlap dV's and dK's products
+        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem,
+                           gl.zeros([BLOCK_M, HEAD_D], gl.float32, acc_layout), use_acc=False,
+                           is_async=True)
+        dv = warpgroup_mma(pt16, do_tile, dv, is_async=True)
+        dk = warpgroup_mma(ds_smem, q_tile, dk, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=2, deps=(dq,))
+        _add_rows(dq_ptr, dq * sm_scale, head_row, start_m, seq, acc_layout, HEAD_D, BLOCK_M)
+        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    else:
+        dst16 = gl.convert_layout(dst.to(q_tile.dtype), op_layout)
+        dv = warpgroup_mma(pt16, do_tile, dv, is_async=True)
+        dk = warpgroup_mma(dst16, q_tile, dk, is_async=True)
+        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
     return dk, dv
 
 
 @gluon.jit
-def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse_ptr,
+def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, dk_ptr, dv_ptr, lse_ptr,
                           delta_ptr, seq, qk_scale, sm_scale, HEAD_D: gl.constexpr,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                          CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                          CAUSAL: gl.constexpr, ATOMIC_DQ: gl.constexpr,
+                          num_warps: gl.constexpr):
     pid_n = gl.program_id(0)            # which BLOCK_N keys
     bh = gl.program_id(1)               # which (batch, head)
     head_row = bh * seq
@@ -483,6 +513,11 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse_p
 
     k_smem, v_smem, kv_ready = _own_pair(k_desc, v_desc, head_row + start_n)
     q_smem, do_smem, ready = _ring_pair(q_desc, do_desc, STAGES)
+    if ATOMIC_DQ:   # dS^T, a tile at a time, for dK's product and (transposed) dQ's
+        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N, BLOCK_M],
+                                            _shared_tile(BLOCK_N, BLOCK_M, q_desc.dtype))
+    else:           # dS^T stays in registers; no dQ here
+        ds_smem = k_smem
 
     # the query tiles that see these keys: from the first query at or after the first key
     first = 0
@@ -503,9 +538,10 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse_p
         needs_mask = start_m + BLOCK_M > seq
         if CAUSAL:
             needs_mask = needs_mask | (start_m < start_n + BLOCK_N)
-        dk, dv = _dkdv_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), dk, dv,
-                            lse_ptr, delta_ptr, head_row, start_n, start_m, seq, qk_scale,
-                            needs_mask, st_layout, op_layout, BLOCK_M, BLOCK_N, CAUSAL)
+        dk, dv = _dkdv_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem,
+                            dk, dv, dq_ptr, lse_ptr, delta_ptr, head_row, start_n, start_m, seq,
+                            qk_scale, sm_scale, needs_mask, st_layout, acc_layout, op_layout,
+                            HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, ATOMIC_DQ)
 
     mbarrier.invalidate(kv_ready)
     for i in gl.static_range(STAGES):
@@ -555,7 +591,7 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, o_ptr, do_ptr, 
     rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, s_layout))
     lse2 = gl.load(lse_ptr + head_row + rows, mask=rows < seq, other=0.0) * LOG2_E_GL
     delta = gl.convert_layout(_row_dots(o_ptr, do_ptr, head_row, start_m, seq, HEAD_D, BLOCK_M,
-                                        num_warps), gl.SliceLayout(1, s_layout))
+                                        num_warps)[1], gl.SliceLayout(1, s_layout))
     gl.store(delta_ptr + head_row + rows, delta, mask=rows < seq)   # for the key-tile kernel
     dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, acc_layout)
     mbarrier.wait(q_ready, 0)
@@ -574,29 +610,59 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, o_ptr, do_ptr, 
 
 
 @gluon.jit
-def _row_dots(a_ptr, b_ptr, head_row, start, seq, HEAD_D: gl.constexpr, BLOCK: gl.constexpr,
-              num_warps: gl.constexpr):
-    """rowsum(a * b) in fp32 of BLOCK rows from `start` of two (batch * heads * seq, d) tensors,
-    rows past seq zero: D = rowsum(dO * O) (Algorithm 2, line 4)."""
-    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
-                                            warps_per_cta=[num_warps, 1], order=[1, 0])
+def attention_delta_kernel(o_ptr, do_ptr, delta_ptr, seq, HEAD_D: gl.constexpr,
+                           BLOCK: gl.constexpr, num_warps: gl.constexpr):
+    """D = rowsum(dO * O) of BLOCK rows of one (batch, head) (Algorithm 2, line 4), for the
+    backward whose key-tile kernel adds dQ atomically (no query-tile kernel computes it)."""
+    start = gl.program_id(0) * BLOCK    # which BLOCK rows
+    head_row = gl.program_id(1) * seq   # of which (batch, head)
+    rows, delta = _row_dots(o_ptr, do_ptr, head_row, start, seq, HEAD_D, BLOCK, num_warps)
+    gl.store(delta_ptr + head_row + rows, delta, mask=rows < seq)
+
+
+# the backward's kernels of KERNELS (the key-tile kernel with dQ added atomically or not)
+_BACKWARD_KERNELS = {"dq": attention_dq_kernel, "dkdv": attention_dkdv_kernel,
+                     "dkdv-atomic": attention_dkdv_kernel, "delta": attention_delta_kernel}
+
+
+@gluon.jit
+def _row_offsets(head_row, start, layout: gl.constexpr, HEAD_D: gl.constexpr,
+                 BLOCK: gl.constexpr):
+    """BLOCK rows from `start` of one head's rows of a (batch * heads * seq, d) tensor: the
+    rows' positions in the head, and each element's offset, in `layout`."""
     rows = start + gl.arange(0, BLOCK, gl.SliceLayout(1, layout))
     cols = gl.arange(0, HEAD_D, gl.SliceLayout(0, layout))
-    offsets = (head_row + rows)[:, None] * HEAD_D + cols[None, :]
+    return rows, (head_row + rows)[:, None] * HEAD_D + cols[None, :]
+
+
+@gluon.jit
+def _row_dots(a_ptr, b_ptr, head_row, start, seq, HEAD_D: gl.constexpr, BLOCK: gl.constexpr,
+              num_warps: gl.constexpr):
+    """The rows, and rowsum(a * b) in fp32, of BLOCK rows from `start` of two (batch * heads *
+    seq, d) tensors, rows past seq zero: D = rowsum(dO * O) (Algorithm 2, line 4)."""
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                            warps_per_cta=[num_warps, 1], order=[1, 0])
+    rows, offsets = _row_offsets(head_row, start, layout, HEAD_D, BLOCK)
     inside = (rows < seq)[:, None]
     a = gl.load(a_ptr + offsets, mask=inside, other=0.0).to(gl.float32)
     b = gl.load(b_ptr + offsets, mask=inside, other=0.0).to(gl.float32)
-    return gl.sum(a * b, axis=1)
+    return rows, gl.sum(a * b, axis=1)
 
 
 @gluon.jit
 def _store_rows(ptr, values, head_row, start, seq, layout: gl.constexpr, HEAD_D: gl.constexpr,
                 BLOCK: gl.constexpr):
     """BLOCK rows of a (batch * heads * seq, d) output from `start`, those past seq unwritten."""
-    rows = start + gl.arange(0, BLOCK, gl.SliceLayout(1, layout))
-    cols = gl.arange(0, HEAD_D, gl.SliceLayout(0, layout))
-    offsets = (head_row + rows)[:, None] * HEAD_D + cols[None, :]
+    rows, offsets = _row_offsets(head_row, start, layout, HEAD_D, BLOCK)
     gl.store(ptr + offsets, values.to(ptr.dtype.element_ty), mask=(rows < seq)[:, None])
+
+
+@gluon.jit
+def _add_rows(ptr, values, head_row, start, seq, layout: gl.constexpr, HEAD_D: gl.constexpr,
+              BLOCK: gl.constexpr):
+    """`_store_rows`, added atomically to an fp32 output that other programs add to too."""
+    rows, offsets = _row_offsets(head_row, start, layout, HEAD_D, BLOCK)
+    gl.atomic_add(ptr + offsets, values, mask=(rows < seq)[:, None], sem="relaxed")
 
 
 @dataclass(frozen=True)
@@ -620,12 +686,18 @@ class Tiles:
         return options
 
 
-KERNELS = ("forward", "forward-overlap", "forward-specialized", "dkdv", "dq")
+KERNELS = ("forward", "forward-overlap", "forward-specialized", "dkdv", "dq", "dkdv-atomic",
+           "delta")
 # the forward's schedules, each the kernel of KERNELS that runs it: each wgmma waited for
 # (FlashAttention-2's), FlashAttention-3's overlap inside a warpgroup, and FlashAttention-3's
 # producer and consumer warps (a loader warp and the compute warps)
 SCHEDULES = {"waited": "forward", "overlapped": "forward-overlap",
              "specialized": "forward-specialized"}
+# the backward's, each its kernels of KERNELS in launch order: the query-tile kernel (dQ and D)
+# then the key-tile kernel (dK, dV), FlashAttention-2's five products and two more (S and dP
+# for dQ); or D alone, then the key-tile kernel adding each tile's dQ atomically, five products
+# (FlashAttention-2's and -3's atomic dQ)
+BACKWARD_SCHEDULES = {"split": ("dq", "dkdv"), "atomic": ("delta", "dkdv-atomic")}
 # Per kernel and head dim: the fastest tiles of scripts/sweep_gluon.py on an H200 at 16 heads
 # of 16384 causal bf16 (Triton 3.6), each compiling for sm90a within shared memory
 # (compile_for_sm90): at d 64 four warps with two or three programs an SM beat eight warps with
@@ -644,6 +716,12 @@ TILES = {
              128: Tiles(block_m=64, block_n=64, num_warps=4)},
     "dq": {64: Tiles(block_m=64, block_n=64, stages=3, num_warps=4),
            128: Tiles(block_m=64, block_n=64, num_warps=4)},
+    # not yet timed on a GPU: the split backward's key-tile tiles (208 registers). d 64 only:
+    # at d 128, dK's, dV's and a tile's dQ accumulators outgrow 255 registers a thread (40 to
+    # 840 bytes spilled at every tile set tried)
+    "dkdv-atomic": {64: Tiles(block_m=64, block_n=64, num_warps=4)},
+    # block_m rows a program
+    "delta": {64: Tiles(block_m=64, num_warps=4)},
 }
 
 
@@ -689,9 +767,9 @@ def _descriptor(t: Tensor, block_rows: int):
                             _shared_layout(block_rows, d, GL_DTYPES[t.dtype]))
 
 
-def _check_schedule(schedule: str) -> None:
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
+def _check_schedule(schedule: str, schedules: dict = SCHEDULES) -> None:
+    if schedule not in schedules:
+        raise ValueError(f"unknown schedule {schedule!r}; allowed: {', '.join(schedules)}")
 
 
 def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
@@ -716,42 +794,57 @@ def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False
 
 
 def _schedule_constants(kernel: str) -> dict:
-    """The constexprs that pick a forward kernel's schedule, in its arguments' order."""
+    """The constexprs that pick a kernel's schedule, in its arguments' order."""
     if kernel in ("forward", "forward-overlap"):
         return {"OVERLAP": kernel == "forward-overlap"}
+    if kernel.startswith("dkdv"):
+        return {"ATOMIC_DQ": kernel == "dkdv-atomic"}
     return {}
 
 
-def _launch_backward(kernel, tiles: Tiles, own_rows: int, q2, k2, v2, do2, *args, seq: int,
-                     heads: int, d: int, is_causal: bool) -> None:
-    """One backward kernel: a program per `own_rows` rows of each head (keys for dK and dV,
-    queries for dQ), the descriptors of the tiles it owns and walks."""
-    direct(kernel)[triton.cdiv(seq, own_rows), heads](
+def _launch_backward(kernel: str, q2, k2, v2, do2, *args, seq: int, heads: int, d: int,
+                     is_causal: bool) -> None:
+    """One backward kernel of KERNELS: a program per tile of rows it owns of each head (keys
+    for dK and dV, queries for dQ), the descriptors of the tiles it owns and walks."""
+    tiles = TILES[kernel][d]
+    own_rows = tiles.block_m if kernel == "dq" else tiles.block_n
+    direct(_BACKWARD_KERNELS[kernel])[triton.cdiv(seq, own_rows), heads](
         _descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
         _descriptor(v2, tiles.block_n), _descriptor(do2, tiles.block_m), *args, seq,
         d ** -0.5 * LOG2_E, d ** -0.5, HEAD_D=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        STAGES=tiles.stages, CAUSAL=is_causal, **tiles.launch_options())
+        STAGES=tiles.stages, CAUSAL=is_causal, **_schedule_constants(kernel),
+        **tiles.launch_options())
 
 
 def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
-                         grad_o: Tensor, is_causal: bool = False
+                         grad_o: Tensor, is_causal: bool = False, schedule: str = "split"
                          ) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv from the forward's o and logsumexp: the query-tile kernel (dQ, and D =
-    rowsum(dO * O) for each of its rows), then the key-tile kernel (dK, dV), which reads D."""
+    """dq, dk, dv from the forward's o and logsumexp, as `schedule` (BACKWARD_SCHEDULES) runs
+    them. "split": the query-tile kernel (dQ, and D = rowsum(dO * O) for each of its rows), then
+    the key-tile kernel (dK, dV), which reads D. "atomic": D alone, then the key-tile kernel,
+    which also adds each tile's share of dQ to fp32 rows atomically (not yet run on a GPU)."""
+    _check_schedule(schedule, BACKWARD_SCHEDULES)
+    if any(q.shape[-1] not in TILES[kernel] for kernel in BACKWARD_SCHEDULES[schedule]):
+        raise ValueError(f"the {schedule} backward takes d in "
+                         f"{tuple(TILES[BACKWARD_SCHEDULES[schedule][-1]])}; got {q.shape[-1]}")
     check_inputs(q, k, v)
     batch, heads, seq, d = q.shape
     q2, k2, v2, do2, o2 = _rows(q, k, v, grad_o, o)
-    dq, dk, dv = (torch.empty_like(t) for t in (q2, k2, v2))
+    dk, dv = torch.empty_like(k2), torch.empty_like(v2)
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
     shape = {"seq": seq, "heads": batch * heads, "d": d, "is_causal": is_causal}
-    tiles = TILES["dq"][d]
-    _launch_backward(attention_dq_kernel, tiles, tiles.block_m, q2, k2, v2, do2, dq, o2, do2,
-                     lse, delta, **shape)
-    tiles = TILES["dkdv"][d]
-    _launch_backward(attention_dkdv_kernel, tiles, tiles.block_n, q2, k2, v2, do2, dk, dv, lse,
-                     delta, **shape)
-    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    if schedule == "split":
+        dq = torch.empty_like(q2)
+        _launch_backward("dq", q2, k2, v2, do2, dq, o2, do2, lse, delta, **shape)
+        _launch_backward("dkdv", q2, k2, v2, do2, dq, dk, dv, lse, delta, **shape)
+        return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    tiles = TILES["delta"][d]
+    direct(attention_delta_kernel)[triton.cdiv(seq, tiles.block_m), batch * heads](
+        o2, do2, delta, seq, HEAD_D=d, BLOCK=tiles.block_m, num_warps=tiles.num_warps)
+    dq = torch.zeros(q2.shape, dtype=torch.float32, device=q.device)
+    _launch_backward("dkdv-atomic", q2, k2, v2, do2, dq, dk, dv, lse, delta, **shape)
+    return dq.to(q.dtype).view(q.shape), dk.view(k.shape), dv.view(v.shape)
 
 
 # --- custom operators (what torch.compile sees: one opaque call each way) and autograd -------
@@ -862,6 +955,8 @@ def _signature(kernel: str, d: int, tiles: Tiles, dtype: torch.dtype) -> dict:
         layout = _shared_layout(block_rows, d, GL_DTYPES[dtype])
         return f"tensordesc<{name}[{block_rows}, {d}],{layout!r}>"
 
+    if kernel == "delta":
+        return {"o_ptr": f"*{name}", "do_ptr": f"*{name}", "delta_ptr": "*fp32", "seq": "i32"}
     q_rows, kv_rows = tiles.block_m, tiles.block_n      # query tiles, key tiles, every kernel
     tensors = {"q_desc": descriptor(q_rows), "k_desc": descriptor(kv_rows),
                "v_desc": descriptor(kv_rows)}
@@ -869,8 +964,9 @@ def _signature(kernel: str, d: int, tiles: Tiles, dtype: torch.dtype) -> dict:
         return {**tensors, "o_ptr": f"*{name}", "lse_ptr": "*fp32", "seq": "i32",
                 "qk_scale": "fp32"}
     tensors["do_desc"] = descriptor(q_rows)
-    if kernel == "dkdv":
-        pointers = {"dk_ptr": f"*{name}", "dv_ptr": f"*{name}"}
+    if kernel.startswith("dkdv"):   # dQ: the split one's unused, the atomic one's fp32
+        pointers = {"dq_ptr": "*fp32" if kernel == "dkdv-atomic" else f"*{name}",
+                    "dk_ptr": f"*{name}", "dv_ptr": f"*{name}"}
     else:
         pointers = {"dq_ptr": f"*{name}", "o_ptr": f"*{name}", "do_ptr": f"*{name}"}
     return {**tensors, **pointers, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "seq": "i32",
@@ -882,10 +978,13 @@ def _resource_usage(kernel: str, d: int, is_causal: bool, tiles: Tiles,
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = {**_FORWARD_KERNELS, "dkdv": attention_dkdv_kernel, "dq": attention_dq_kernel}[kernel]
-    constants = {"HEAD_D": d, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
-                 "STAGES": tiles.stages, "CAUSAL": is_causal, **_schedule_constants(kernel),
-                 "num_warps": tiles.num_warps}
+    fn = {**_FORWARD_KERNELS, **_BACKWARD_KERNELS}[kernel]
+    if kernel == "delta":
+        constants = {"HEAD_D": d, "BLOCK": tiles.block_m, "num_warps": tiles.num_warps}
+    else:
+        constants = {"HEAD_D": d, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
+                     "STAGES": tiles.stages, "CAUSAL": is_causal, **_schedule_constants(kernel),
+                     "num_warps": tiles.num_warps}
     signature = {**_signature(kernel, d, tiles, dtype), **dict.fromkeys(constants, "constexpr")}
     # as the JIT specializes a launch: pointers 16-byte aligned (torch's allocations are) and
     # the sequence length a multiple of 16 (every length the benchmarks time)
