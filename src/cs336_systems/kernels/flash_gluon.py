@@ -194,14 +194,17 @@ def _key_tiles(start_m, seq, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 @gluon.jit
 def _mask_walked(x, own_start, walked_start, seq, fill, layout: gl.constexpr,
                  OWN: gl.constexpr, WALKED: gl.constexpr, OWN_IS_QUERY: gl.constexpr,
-                 CAUSAL: gl.constexpr):
+                 CAUSAL: gl.constexpr, OWN_BOUNDED: gl.constexpr = False):
     """x (the program's own rows by the walked tile's columns) with `fill` where the walked
     index is past the sequence's end or, under the causal mask, where the key comes after the
     query: query i sees keys 0..i. The own rows are queries in the forward and dQ, keys in
-    dK and dV (whose products are transposed)."""
+    dK and dV (whose products are transposed). OWN_BOUNDED: own rows past the end too (keys
+    whose dS would reach other rows' dQ)."""
     own = own_start + gl.arange(0, OWN, gl.SliceLayout(1, layout))
     walked = walked_start + gl.arange(0, WALKED, gl.SliceLayout(0, layout))
     keep = walked[None, :] < seq
+    if OWN_BOUNDED:
+        keep = keep & (own[:, None] < seq)
     if CAUSAL:
         if OWN_IS_QUERY:
             keep = keep & (walked[None, :] <= own[:, None])
@@ -472,7 +475,7 @@ def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, ds_smem, dk, dv, dq_ptr, lse_ptr
     pt = gl.exp2(st * qk_scale - lse2[None, :])
     if masked:
         pt = _mask_walked(pt, start_n, start_m, seq, 0.0, st_layout, BLOCK_N, BLOCK_M, False,
-                          CAUSAL)
+                          CAUSAL, ATOMIC_DQ)
     dst = pt * (dpt - delta[None, :])
     pt16 = gl.convert_layout(pt.to(q_tile.dtype), op_layout)
     if ATOMIC_DQ:
@@ -538,6 +541,8 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, dk_ptr, dv_pt
         needs_mask = start_m + BLOCK_M > seq
         if CAUSAL:
             needs_mask = needs_mask | (start_m < start_n + BLOCK_N)
+        if ATOMIC_DQ:   # keys past the end (the next head's rows) would add to these dQ rows
+            needs_mask = needs_mask | (start_n + BLOCK_N > seq)
         dk, dv = _dkdv_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem,
                             dk, dv, dq_ptr, lse_ptr, delta_ptr, head_row, start_n, start_m, seq,
                             qk_scale, sm_scale, needs_mask, st_layout, acc_layout, op_layout,
