@@ -11,7 +11,7 @@ from cs336_systems.lm.hf_llama import build_hf_llama, unavailable_reason
 from cs336_systems.lm.model import forward_flops
 from cs336_systems.lm.optimizer import build_optimizer
 from cs336_systems.lm.precision import PRECISIONS
-from cs336_systems.lm.sizes import MODEL_SIZES
+from cs336_systems.lm.sizes import get_size
 from cs336_systems.lm.step import lm_step_phases, random_batch
 from cs336_systems.measure.ceilings import matmul_tflops
 from cs336_systems.measure.memory import peak_gib, reset_peak
@@ -30,7 +30,7 @@ def skip_reason(run: TrainingRun, config: dict, device: torch.device) -> str | N
             return "CUDA graphs need CUDA"
         return cpu_unavailable_reason(run.attention, run.optimizer, run.compile,
                                       config["precision"])
-    spec = MODEL_SIZES[config["size"]]  # an optional package's attention, on a GPU it supports
+    spec = get_size(config["size"])  # an optional package's attention, on a GPU it supports
     return package_unavailable_reason(run.attention, spec.d_model // spec.num_heads,
                                       PRECISIONS[config["precision"]], device)
 
