@@ -125,6 +125,10 @@ def test_a_stock_step_is_compared_only_with_ours_of_its_own_job_matrix(tmp_path)
     assert (f"our fastest there, {RUNS['ours-flash-triton-fused-bf16w-graphs'].label} (6.0 ms), "
             "is 3.00x faster") in text
     assert "3.60x" not in text  # 18 / 5: the rows of two matrices, never compared
+    # nor is a lever's run with its twin of another matrix
+    training.append(_training(tmp_path, "ours-sdpa-fused-graphs", 5.5, git="new"))
+    facts, _ = _facts(tmp_path, training, [])
+    assert facts["training"][0]["masters_gain"] == []
 
 
 def test_slower_and_tied_say_so(tmp_path):

@@ -136,8 +136,8 @@ def _step_speedup(a: pd.Series, b: pd.Series) -> dict | None:
 
 def _twin_gains(ok: pd.DataFrame, lever: str, on: object, off: object) -> list[dict]:
     """Each measured run with `lever` (a field of `TrainingRun`) at `on`, beside its twin: the
-    run that differs only in that field, set to `off`, where it was measured too. The speedup
-    and the peaks' difference."""
+    run that differs only in that field, set to `off`, where it was measured too, in the same
+    job matrix (the same commit). The speedup and the peaks' difference."""
     names = {run: name for name, run in RUNS.items()}
     gains = []
     for name in ok.index:
@@ -145,7 +145,7 @@ def _twin_gains(ok: pd.DataFrame, lever: str, on: object, off: object) -> list[d
         if run is None or getattr(run, lever) != on:
             continue
         twin = names.get(replace(run, **{lever: off}))
-        if twin in ok.index:
+        if twin in ok.index and ok.loc[twin, "env_git"] == ok.loc[name, "env_git"]:
             peak = ok.loc[twin, "peak_gib"] - ok.loc[name, "peak_gib"]
             gains.append({"run": run.label, "twin": RUNS[twin].label,
                           "ms": facts.number(ok.loc[name, "ms_median"]),
