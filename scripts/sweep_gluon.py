@@ -1,5 +1,5 @@
 """Sweep the Gluon FlashAttention kernels' tiles on a Hopper GPU: for each head dimension, every
-candidate tile set of each kernel (the forward's three schedules; the backward's key-tile and
+candidate tile set of each kernel (the forward's four schedules; the backward's key-tile and
 query-tile kernels, and the key-tile kernel that adds dQ atomically) with the others at their
 defaults, each checked against the defaults' outputs before it is timed. `TILES` in
 `kernels/flash_gluon.py` comes from this (16 heads of 16384 causal bf16, on an H200).
@@ -34,6 +34,12 @@ CANDIDATES = {
                                  Tiles(128, 128, 2, 8, 168), Tiles(64, 64, 3, 4, 128)],
                             128: [Tiles(128, 128, 2, 8, 168), Tiles(128, 64, 3, 8, 168),
                                   Tiles(64, 128, 2, 4, 128), Tiles(64, 64, 3, 4, 128)]},
+    # the ping-pong forward: rows a consumer warpgroup (a program owns two tiles), 168 registers
+    # at launch
+    "forward-pingpong": {64: [Tiles(64, 128, 2, 4, 168), Tiles(64, 64, 3, 4, 168),
+                              Tiles(64, 128, 3, 4, 168), Tiles(128, 64, 2, 4, 168)],
+                         128: [Tiles(64, 128, 2, 4, 168), Tiles(64, 64, 3, 4, 168),
+                               Tiles(64, 64, 2, 4, 168), Tiles(64, 64, 4, 4, 168)]},
     "dkdv": {64: [Tiles(64, 128, 2, 8), Tiles(128, 128, 2, 8), Tiles(64, 64, 2, 4),
                   Tiles(128, 64, 2, 4), Tiles(64, 64, 3, 4)],
              128: [Tiles(64, 64, 2, 4), Tiles(64, 64, 3, 4), Tiles(128, 64, 2, 4),
@@ -58,6 +64,7 @@ def sweep(heads: int, seq: int, d: int, kernels: list[str]) -> list[dict]:
         "forward-overlap": (lambda: fg.flash_gluon_forward(q, k, v, True, "overlapped"), (o,)),
         "forward-specialized": (lambda: fg.flash_gluon_forward(q, k, v, True, "specialized"),
                                 (o,)),
+        "forward-pingpong": (lambda: fg.flash_gluon_forward(q, k, v, True, "pingpong"), (o,)),
         "dkdv": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True), grads),
         "dq": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True), grads),
         "dkdv-atomic": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True, "atomic"),

@@ -33,14 +33,15 @@ def test_compiles_for_hopper_without_spilling(kernel, d):
     assert usage["shared_bytes"] <= SM90_SHARED_BYTES, usage
     # the registers a thread may have with its warps in one block of 64K (a loader partition's
     # warps count as a warpgroup of four: registers are allotted by warpgroup)
-    warps = TILES[kernel][d].num_warps + (4 * LOADER_WARPS if kernel == "forward-specialized"
-                                          else 0)
+    warps = TILES[kernel][d].num_warps + {"forward-specialized": 4 * LOADER_WARPS,
+                                          "forward-pingpong": 4 + 4 * LOADER_WARPS}.get(kernel, 0)
     assert usage["registers"] <= min(255, 65536 // (32 * warps)), usage
 
 
 def test_an_unknown_kernel_says_which_there_are():
     with pytest.raises(ValueError, match="allowed: forward, forward-overlap, "
-                                         "forward-specialized, dkdv, dq, dkdv-atomic, delta"):
+                                         "forward-specialized, forward-pingpong, dkdv, dq, "
+                                         "dkdv-atomic, delta"):
         compile_for_sm90("backward", 64, True)
 
 
@@ -58,8 +59,8 @@ def test_every_head_dimension_has_each_default_schedules_tiles():
 
 def test_an_unknown_schedule_says_which_there_are():
     q = torch.randn(1, 1, 16, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="allowed: waited, overlapped, specialized"):
-        flash_gluon_forward(q, q, q, schedule="pingpong")
+    with pytest.raises(ValueError, match="allowed: waited, overlapped, specialized, pingpong"):
+        flash_gluon_forward(q, q, q, schedule="fused")
 
 
 def _reference(q, k, v, is_causal):

@@ -84,6 +84,9 @@ LN_2 = gl.constexpr(0.6931471805599453)
 # the warp-specialized forward's loader partition: one warp, the fewest registers a warp may keep
 LOADER_WARPS = gl.constexpr(1)
 LOADER_REGISTERS = gl.constexpr(24)
+# the ping-pong forward's second consumer warpgroup (the first, the default partition, gets as
+# many from Triton): with the loader's warpgroup at 24, three warpgroups fit 64K registers
+PINGPONG_REGISTERS = gl.constexpr(240)
 SUPPORTED_HEAD_DIMS = (64, 128)
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
@@ -442,9 +445,157 @@ def attention_fwd_specialized_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq
         mbarrier.invalidate(kv_empty.index(i))
 
 
+# --- forward, ping-pong (FlashAttention-3's two consumer warpgroups, Section 3.1) -----------
+# A program owns two query tiles of BLOCK_M rows, one a consumer warpgroup; the loader warp
+# loads both and the K/V tiles they share. The two consumers take turns at the tensor cores:
+# a consumer issues its products (P_{j-1} V_{j-1}, then S_j) only on its turn and hands the
+# turn over at once, so that each one's softmax runs while the other's products do. `turns`
+# holds a barrier a consumer; the first consumer's starts passed.
+
+
+@gluon.jit
+def _pingpong_products(q_smem, k_tile, v_prev, p16, alpha, acc, my_turn, other_turn, turn,
+                       s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """One turn at the tensor cores: O = alpha O + P_{j-1} V_{j-1} and S_j = Q K_j^T issued,
+    the turn handed over, both waited for."""
+    mbarrier.wait(my_turn, turn & 1)
+    acc = warpgroup_mma(p16, v_prev, acc * alpha[:, None], is_async=True)
+    s = warpgroup_mma(q_smem, k_tile.permute((1, 0)),
+                      gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False,
+                      is_async=True)
+    mbarrier.arrive(other_turn, count=1)
+    acc, s = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s))
+    return acc, s
+
+
+@gluon.jit
+def _pingpong_partition(q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns, o_ptr,
+                        lse_ptr, head_row, start_m, seq, qk_scale, CONSUMER: gl.constexpr,
+                        s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr,
+                        HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """Consumer CONSUMER (0 or 1) of a program: its query tile's key tiles, each of its turns
+    one `_pingpong_products`, the softmax of S_j between turns; then as many idle turns (each
+    releasing a K/V slot it does not read) as the other consumer has tiles more, so that both
+    take the same turns, and O and the logsumexp stored."""
+    my_turn = turns.index(CONSUMER)
+    other_turn = turns.index(1 - CONSUMER)
+    my_start = start_m + CONSUMER * BLOCK_M
+    n_tiles, n_full = _key_tiles(my_start, seq, BLOCK_M, BLOCK_N, CAUSAL)
+    n_walked, _ = _key_tiles(start_m + BLOCK_M, seq, BLOCK_M, BLOCK_N, CAUSAL)   # the program's
+    dtype: gl.constexpr = q_smem.dtype
+    m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+    mbarrier.wait(q_ready.index(CONSUMER), 0)
+    # turn 0: S_0 alone
+    mbarrier.wait(kv_ready.index(0), 0)
+    mbarrier.wait(my_turn, 0)
+    s = warpgroup_mma(q_smem.index(CONSUMER), k_smem.index(0).permute((1, 0)),
+                      gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False,
+                      is_async=True)
+    mbarrier.arrive(other_turn, count=1)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    p16, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, my_start, 0, seq, qk_scale, n_full == 0,
+                                         s_layout, p_layout, o_layout, BLOCK_M, BLOCK_N, CAUSAL,
+                                         dtype)
+    # turns 1 .. n_tiles - 1: P_{j-1} V_{j-1} and S_j; slot j - 1 released once both are done
+    for j in range(1, n_tiles):
+        slot = j % STAGES
+        mbarrier.wait(kv_ready.index(slot), (j // STAGES) & 1)
+        acc, s = _pingpong_products(q_smem.index(CONSUMER), k_smem.index(slot),
+                                    v_smem.index((j - 1) % STAGES), p16, alpha, acc, my_turn,
+                                    other_turn, j, s_layout, BLOCK_M, BLOCK_N)
+        mbarrier.arrive(kv_empty.index((j - 1) % STAGES), count=1)
+        p16, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, my_start, j * BLOCK_N, seq, qk_scale,
+                                             j >= n_full, s_layout, p_layout, o_layout, BLOCK_M,
+                                             BLOCK_N, CAUSAL, dtype)
+    # turn n_tiles: the last P V
+    last = (n_tiles - 1) % STAGES
+    mbarrier.wait(my_turn, n_tiles & 1)
+    acc = warpgroup_mma(p16, v_smem.index(last), acc * alpha[:, None], is_async=True)
+    mbarrier.arrive(other_turn, count=1)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(kv_empty.index(last), count=1)
+    # the idle turns: the tiles only the other consumer reads (causal: the first has fewer)
+    for j in range(n_tiles, n_walked):
+        mbarrier.wait(kv_ready.index(j % STAGES), (j // STAGES) & 1)
+        mbarrier.arrive(kv_empty.index(j % STAGES), count=1)
+        mbarrier.wait(my_turn, (j + 1) & 1)
+        mbarrier.arrive(other_turn, count=1)
+    _store_outputs(o_ptr, lse_ptr, acc, m_i, l_i, head_row, my_start, seq, o_layout, s_layout,
+                   HEAD_D, BLOCK_M)
+
+
+@gluon.jit
+def _pingpong_load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, kv_ready,
+                             kv_empty, head_row, start_m, seq, BLOCK_M: gl.constexpr,
+                             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """The producer: both query tiles, then the K/V tiles the second (later) one reads, each
+    into its slot once both consumers have released the slot's previous tile."""
+    for i in gl.static_range(2):
+        mbarrier.expect(q_ready.index(i), q_desc.block_type.nbytes)
+        _tma_load(q_desc, [head_row + start_m + i * BLOCK_M, 0], q_ready.index(i),
+                  q_smem.index(i))
+    n_walked, _ = _key_tiles(start_m + BLOCK_M, seq, BLOCK_M, BLOCK_N, CAUSAL)
+    for j in range(n_walked):
+        mbarrier.wait(kv_empty.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
+        _issue_pair(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row + j * BLOCK_N, j, STAGES)
+
+
+@gluon.jit
+def attention_fwd_pingpong_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, qk_scale,
+                                  HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                                  CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    gl.static_assert(num_warps == 4, "each ping-pong consumer is one warpgroup")
+    pid_m = gl.program_id(0)            # which 2 * BLOCK_M rows of the sequence
+    bh = gl.program_id(1)               # which (batch, head)
+    head_row = bh * seq
+    start_m = pid_m * 2 * BLOCK_M
+
+    layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, HEAD_D, num_warps)
+    s_layout: gl.constexpr = layouts[0]
+    o_layout: gl.constexpr = layouts[1]
+    p_layout: gl.constexpr = layouts[2]
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape,
+                                       q_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(turns.index(i), count=1)
+    mbarrier.arrive(turns.index(0), count=1)      # the first consumer's first turn
+    k_smem, v_smem, kv_ready = _ring_pair(k_desc, v_desc, STAGES)
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kv_empty.index(i), count=2)   # both consumers release each tile
+
+    gl.warp_specialize([
+        (_pingpong_partition, (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns,
+                               o_ptr, lse_ptr, head_row, start_m, seq, qk_scale, 0, s_layout,
+                               p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        (_pingpong_partition, (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns,
+                               o_ptr, lse_ptr, head_row, start_m, seq, qk_scale, 1, s_layout,
+                               p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        (_pingpong_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready,
+                                    kv_ready, kv_empty, head_row, start_m, seq, BLOCK_M,
+                                    BLOCK_N, STAGES, CAUSAL)),
+    ], [num_warps, LOADER_WARPS], [PINGPONG_REGISTERS, LOADER_REGISTERS])
+
+    for i in gl.static_range(2):
+        mbarrier.invalidate(q_ready.index(i))
+        mbarrier.invalidate(turns.index(i))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(kv_ready.index(i))
+        mbarrier.invalidate(kv_empty.index(i))
+
+
 # each forward kernel of KERNELS: the first two share one kernel, its schedule a constexpr
 _FORWARD_KERNELS = {"forward": attention_fwd_kernel, "forward-overlap": attention_fwd_kernel,
-                    "forward-specialized": attention_fwd_specialized_kernel}
+                    "forward-specialized": attention_fwd_specialized_kernel,
+                    "forward-pingpong": attention_fwd_pingpong_kernel}
 
 
 # --- backward (FlashAttention-2, Algorithm 2): dK and dV from key tiles, dQ from query tiles --
@@ -691,13 +842,13 @@ class Tiles:
         return options
 
 
-KERNELS = ("forward", "forward-overlap", "forward-specialized", "dkdv", "dq", "dkdv-atomic",
-           "delta")
+KERNELS = ("forward", "forward-overlap", "forward-specialized", "forward-pingpong", "dkdv", "dq",
+           "dkdv-atomic", "delta")
 # the forward's schedules, each the kernel of KERNELS that runs it: each wgmma waited for
 # (FlashAttention-2's), FlashAttention-3's overlap inside a warpgroup, and FlashAttention-3's
 # producer and consumer warps (a loader warp and the compute warps)
 SCHEDULES = {"waited": "forward", "overlapped": "forward-overlap",
-             "specialized": "forward-specialized"}
+             "specialized": "forward-specialized", "pingpong": "forward-pingpong"}
 # the backward's, each its kernels of KERNELS in launch order: the query-tile kernel (dQ and D)
 # then the key-tile kernel (dK, dV), FlashAttention-2's five products and two more (S and dP
 # for dQ); or D alone, then the key-tile kernel adding each tile's dQ atomically, five products
@@ -715,6 +866,10 @@ TILES = {
     # d 128 (8 + 4 warps at 168, the compute warps keeping 240)
     "forward-specialized": {64: Tiles(block_m=64, num_warps=4, max_registers=128),
                             128: Tiles(max_registers=168)},
+    # block_m rows a consumer warpgroup (a program owns two tiles); the launch's 168 registers a
+    # thread over three warpgroups, the consumers then taking 240 and the loader 24
+    "forward-pingpong": {64: Tiles(block_m=64, block_n=128, num_warps=4, max_registers=168),
+                         128: Tiles(block_m=64, block_n=128, num_warps=4, max_registers=168)},
     # at d 64, 64-query tiles: a tie with 128 (4.125 against 4.112 ms of backward) without the
     # 128's 56 bytes of spilled registers a thread
     "dkdv": {64: Tiles(block_m=64, block_n=64, num_warps=4),
@@ -792,7 +947,8 @@ def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False
     constants = {"HEAD_D": d, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
                  "STAGES": tiles.stages, "CAUSAL": is_causal,
                  **_schedule_constants(kernel), **tiles.launch_options()}
-    direct(_FORWARD_KERNELS[kernel])[triton.cdiv(seq, tiles.block_m), batch * heads](
+    own_rows = tiles.block_m * (2 if kernel == "forward-pingpong" else 1)   # a program's queries
+    direct(_FORWARD_KERNELS[kernel])[triton.cdiv(seq, own_rows), batch * heads](
         _descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
         _descriptor(v2, tiles.block_n), o, lse, seq, d ** -0.5 * LOG2_E, **constants)
     return o.view(q.shape), lse
