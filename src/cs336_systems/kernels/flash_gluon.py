@@ -454,28 +454,14 @@ def attention_fwd_specialized_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq
 
 
 @gluon.jit
-def _pingpong_products(q_smem, k_tile, v_prev, p16, alpha, acc, my_turn, other_turn, turn,
-                       s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """One turn at the tensor cores: O = alpha O + P_{j-1} V_{j-1} and S_j = Q K_j^T issued,
-    the turn handed over, both waited for."""
-    mbarrier.wait(my_turn, turn & 1)
-    acc = warpgroup_mma(p16, v_prev, acc * alpha[:, None], is_async=True)
-    s = warpgroup_mma(q_smem, k_tile.permute((1, 0)),
-                      gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False,
-                      is_async=True)
-    mbarrier.arrive(other_turn, count=1)
-    acc, s = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s))
-    return acc, s
-
-
-@gluon.jit
 def _pingpong_partition(q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns, o_ptr,
                         lse_ptr, head_row, start_m, seq, qk_scale, CONSUMER: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr,
                         HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
     """Consumer CONSUMER (0 or 1) of a program: its query tile's key tiles, each of its turns
-    one `_pingpong_products`, the softmax of S_j between turns; then as many idle turns (each
+    issuing S_j and P_{j-1} V_{j-1} and handing the turn over, the softmax of S_j between
+    turns; then as many idle turns (each
     releasing a K/V slot it does not read) as the other consumer has tiles more, so that both
     take the same turns, and O and the logsumexp stored."""
     my_turn = turns.index(CONSUMER)
@@ -499,17 +485,29 @@ def _pingpong_partition(q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, tur
     p16, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, my_start, 0, seq, qk_scale, n_full == 0,
                                          s_layout, p_layout, o_layout, BLOCK_M, BLOCK_N, CAUSAL,
                                          dtype)
-    # turns 1 .. n_tiles - 1: P_{j-1} V_{j-1} and S_j; slot j - 1 released once both are done
+    # turns 1 .. n_tiles - 1: S_j and P_{j-1} V_{j-1} issued on the turn, the softmax of S_j
+    # after S_j (OVERLAP: while P_{j-1} V_{j-1} runs, FlashAttention-3's overlap inside a
+    # warpgroup; otherwise after both); slot j - 1 released once P_{j-1} V_{j-1} is done
     for j in range(1, n_tiles):
         slot = j % STAGES
+        prev = (j - 1) % STAGES
         mbarrier.wait(kv_ready.index(slot), (j // STAGES) & 1)
-        acc, s = _pingpong_products(q_smem.index(CONSUMER), k_smem.index(slot),
-                                    v_smem.index((j - 1) % STAGES), p16, alpha, acc, my_turn,
-                                    other_turn, j, s_layout, BLOCK_M, BLOCK_N)
-        mbarrier.arrive(kv_empty.index((j - 1) % STAGES), count=1)
+        mbarrier.wait(my_turn, j & 1)
+        s = warpgroup_mma(q_smem.index(CONSUMER), k_smem.index(slot).permute((1, 0)),
+                          gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False,
+                          is_async=True)
+        acc = warpgroup_mma(p16, v_smem.index(prev), acc * alpha[:, None], is_async=True)
+        mbarrier.arrive(other_turn, count=1)
+        if OVERLAP:
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+        else:
+            acc, s = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s))
         p16, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, my_start, j * BLOCK_N, seq, qk_scale,
                                              j >= n_full, s_layout, p_layout, o_layout, BLOCK_M,
                                              BLOCK_N, CAUSAL, dtype)
+        if OVERLAP:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(kv_empty.index(prev), count=1)
     # turn n_tiles: the last P V
     last = (n_tiles - 1) % STAGES
     mbarrier.wait(my_turn, n_tiles & 1)
@@ -547,7 +545,8 @@ def _pingpong_load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_r
 def attention_fwd_pingpong_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, qk_scale,
                                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                                  CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                                  num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "each ping-pong consumer is one warpgroup")
     pid_m = gl.program_id(0)            # which 2 * BLOCK_M rows of the sequence
     bh = gl.program_id(1)               # which (batch, head)
@@ -575,10 +574,12 @@ def attention_fwd_pingpong_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, q
     gl.warp_specialize([
         (_pingpong_partition, (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns,
                                o_ptr, lse_ptr, head_row, start_m, seq, qk_scale, 0, s_layout,
-                               p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+                               p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                               OVERLAP)),
         (_pingpong_partition, (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns,
                                o_ptr, lse_ptr, head_row, start_m, seq, qk_scale, 1, s_layout,
-                               p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+                               p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                               OVERLAP)),
         (_pingpong_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready,
                                     kv_ready, kv_empty, head_row, start_m, seq, BLOCK_M,
                                     BLOCK_N, STAGES, CAUSAL)),
@@ -958,6 +959,8 @@ def _schedule_constants(kernel: str) -> dict:
     """The constexprs that pick a kernel's schedule, in its arguments' order."""
     if kernel in ("forward", "forward-overlap"):
         return {"OVERLAP": kernel == "forward-overlap"}
+    if kernel == "forward-pingpong":
+        return {"OVERLAP": False}
     if kernel.startswith("dkdv"):
         return {"ATOMIC_DQ": kernel == "dkdv-atomic"}
     return {}
