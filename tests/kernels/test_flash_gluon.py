@@ -9,6 +9,7 @@ import torch
 
 from cs336_systems.kernels.flash_gluon import (
     BACKWARD_SCHEDULES,
+    DEFAULT_SCHEDULES,
     KERNELS,
     LOADER_WARPS,
     SCHEDULES,
@@ -48,7 +49,10 @@ def test_an_unknown_kernel_says_which_there_are():
 def test_every_head_dimension_has_each_default_schedules_tiles():
     """flash-gluon runs the default schedules at every supported d; the others say which they
     take (the atomic backward, d 64: at 128 its key-tile kernel spills)."""
-    for kernel in (SCHEDULES["waited"], *BACKWARD_SCHEDULES["split"]):
+    assert set(DEFAULT_SCHEDULES) == set(SUPPORTED_HEAD_DIMS)
+    for d, schedule in DEFAULT_SCHEDULES.items():
+        assert d in TILES[SCHEDULES[schedule]], (d, schedule)
+    for kernel in BACKWARD_SCHEDULES["split"]:
         assert set(TILES[kernel]) == set(SUPPORTED_HEAD_DIMS), kernel
     q = torch.randn(1, 1, 16, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"the atomic backward takes d in \(64,\); got 128"):

@@ -1,20 +1,22 @@
 """FlashAttention-2 for Hopper (sm90) in Gluon, Triton's lower-level language: the tiles'
 shared memory, the TMA loads into rings of STAGES buffers with an mbarrier each, and
 `warpgroup_mma` (wgmma) for every matrix product are written out, where `tl` leaves them to
-the compiler. The forward comes in three schedules (`SCHEDULES`): each wgmma waited for at once
-(`waited`, the default), FlashAttention-3's overlap of one tile's softmax with the next tile's
-S and this tile's P V (`overlapped`), and FlashAttention-3's warp specialization, a loader warp
-issuing every TMA load while the other warps compute (`specialized`, slower than `waited` on an
-H200). The backward comes in two (`BACKWARD_SCHEDULES`): a query-tile kernel for dQ and a
-key-tile kernel for dK and dV (`split`, the default), or the key-tile kernel adding each
-tile's dQ atomically (`atomic`, d 64, not yet run on a GPU).
+the compiler. The forward comes in four schedules (`SCHEDULES`): each wgmma waited for at once
+(`waited`, the default at d 64), FlashAttention-3's overlap of one tile's softmax with the next
+tile's S and this tile's P V (`overlapped`), FlashAttention-3's warp specialization, a loader
+warp issuing every TMA load while the other warps compute (`specialized`), and the same with
+two consumer warpgroups taking turns at the tensor cores, each overlapping its softmax with its
+own P V (`pingpong`, the default at d 128; `DEFAULT_SCHEDULES`). The backward comes in two
+(`BACKWARD_SCHEDULES`): a query-tile kernel for dQ and a key-tile kernel for dK and dV
+(`split`, the default), or the key-tile kernel adding each tile's dQ atomically (`atomic`,
+d 64, slower than `split` on an H200).
 `lm.attention` registers the default as the attention choice `flash-gluon` (the Triton FA2
 where these kernels cannot take the inputs); torch.compile sees two custom operators,
 `cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd`. The backward's warps all load and
 compute.
 
     o, lse = flash_gluon_forward(q, k, v, is_causal)        # (batch, heads, seq, d)
-    o, lse = flash_gluon_forward(q, k, v, is_causal, "overlapped")    # or "specialized"
+    o, lse = flash_gluon_forward(q, k, v, is_causal, "pingpong")  # or "waited", "overlapped"...
     dq, dk, dv = flash_gluon_backward(q, k, v, o, lse, do, is_causal)   # or ..., "atomic")
     o = FlashAttentionGluon.apply(q, k, v, is_causal)       # both, as an autograd function
 
@@ -25,7 +27,8 @@ logsumexp of the scaled scores, in natural log, as the Triton kernel saves it.
 
 Program roles. Forward (Algorithm 1): program (m, bh) owns BLOCK_M query rows of one (batch,
 head) and walks its key tiles; in the specialized schedule one more warp, the loader, issues
-the program's TMA loads. Backward (Algorithm 2), two launches: program (m, bh) of the
+the program's TMA loads; in the ping-pong schedule program (m, bh) owns 2 * BLOCK_M queries,
+BLOCK_M to each of two consumer warpgroups, and a loader warp. Backward (Algorithm 2), two launches: program (m, bh) of the
 query-tile kernel, launched first, owns BLOCK_M queries, computes their D = rowsum(dO * O) and
 walks their key tiles for dQ; program (n, bh) of the key-tile kernel owns BLOCK_N keys and
 walks the query tiles that see them for dK and dV (computing S^T and dP^T, so that keys are the
@@ -222,15 +225,16 @@ def _softmax_step(s, m_i, l_i, start_m, start_n, seq, qk_scale, masked,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                   DTYPE: gl.constexpr):
     """The online softmax of one score tile (FA-2, Algorithm 1, lines 8-10), in base 2: P in
-    the P V product's operand layout, the factor that rescales O, and the new row max and sum.
+    the P V product's operand layout, the factor that rescales O, and the new row max and sum
+    (of the scaled scores). The scale goes into the exponent's argument, one FMA a score, as
+    FlashAttention-3 does: the row max is taken of the unscaled scores (the scale is positive).
     `masked`: the tile crosses the causal diagonal or the sequence's end."""
-    s = s * qk_scale
     if masked:
         s = _mask_walked(s, start_m, start_n, seq, -float("inf"), s_layout, BLOCK_M, BLOCK_N,
                          True, CAUSAL)
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - m_new[:, None])
+    p = gl.exp2(s * qk_scale - m_new[:, None])
     l_new = l_i * alpha + gl.sum(p, axis=1)
     p16 = gl.convert_layout(p.to(DTYPE), p_layout)
     return p16, gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), m_new, l_new
@@ -458,7 +462,7 @@ def _pingpong_partition(q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, tur
                         lse_ptr, head_row, start_m, seq, qk_scale, CONSUMER: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr,
                         HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """Consumer CONSUMER (0 or 1) of a program: its query tile's key tiles, each of its turns
     issuing S_j and P_{j-1} V_{j-1} and handing the turn over, the softmax of S_j between
     turns; then as many idle turns (each
@@ -486,8 +490,8 @@ def _pingpong_partition(q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, tur
                                          s_layout, p_layout, o_layout, BLOCK_M, BLOCK_N, CAUSAL,
                                          dtype)
     # turns 1 .. n_tiles - 1: S_j and P_{j-1} V_{j-1} issued on the turn, the softmax of S_j
-    # after S_j (OVERLAP: while P_{j-1} V_{j-1} runs, FlashAttention-3's overlap inside a
-    # warpgroup; otherwise after both); slot j - 1 released once P_{j-1} V_{j-1} is done
+    # while P_{j-1} V_{j-1} runs (FlashAttention-3's overlap inside a warpgroup); slot j - 1
+    # released once P_{j-1} V_{j-1} is done
     for j in range(1, n_tiles):
         slot = j % STAGES
         prev = (j - 1) % STAGES
@@ -498,15 +502,11 @@ def _pingpong_partition(q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, tur
                           is_async=True)
         acc = warpgroup_mma(p16, v_smem.index(prev), acc * alpha[:, None], is_async=True)
         mbarrier.arrive(other_turn, count=1)
-        if OVERLAP:
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-        else:
-            acc, s = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s))
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))      # S_j done (issued first)
         p16, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, my_start, j * BLOCK_N, seq, qk_scale,
                                              j >= n_full, s_layout, p_layout, o_layout, BLOCK_M,
                                              BLOCK_N, CAUSAL, dtype)
-        if OVERLAP:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(kv_empty.index(prev), count=1)
     # turn n_tiles: the last P V
     last = (n_tiles - 1) % STAGES
@@ -545,8 +545,7 @@ def _pingpong_load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_r
 def attention_fwd_pingpong_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, qk_scale,
                                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                                  num_warps: gl.constexpr):
+                                  CAUSAL: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "each ping-pong consumer is one warpgroup")
     pid_m = gl.program_id(0)            # which 2 * BLOCK_M rows of the sequence
     bh = gl.program_id(1)               # which (batch, head)
@@ -574,12 +573,10 @@ def attention_fwd_pingpong_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, q
     gl.warp_specialize([
         (_pingpong_partition, (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns,
                                o_ptr, lse_ptr, head_row, start_m, seq, qk_scale, 0, s_layout,
-                               p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                               OVERLAP)),
+                               p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
         (_pingpong_partition, (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns,
                                o_ptr, lse_ptr, head_row, start_m, seq, qk_scale, 1, s_layout,
-                               p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                               OVERLAP)),
+                               p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
         (_pingpong_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready,
                                     kv_ready, kv_empty, head_row, start_m, seq, BLOCK_M,
                                     BLOCK_N, STAGES, CAUSAL)),
@@ -850,6 +847,10 @@ KERNELS = ("forward", "forward-overlap", "forward-specialized", "forward-pingpon
 # producer and consumer warps (a loader warp and the compute warps)
 SCHEDULES = {"waited": "forward", "overlapped": "forward-overlap",
              "specialized": "forward-specialized", "pingpong": "forward-pingpong"}
+# the schedule a forward runs unless told, per head dim: the fastest on an H200 (docs/
+# measurements.md, "The Gluon forward's ping-pong schedule"): at d 128 the ping-pong forward
+# took 0.95x the waited one's time at 4096 and tied it at 16384; at d 64 it was slower
+DEFAULT_SCHEDULES = {64: "waited", 128: "pingpong"}
 # the backward's, each its kernels of KERNELS in launch order: the query-tile kernel (dQ and D)
 # then the key-tile kernel (dK, dV), FlashAttention-2's five products and two more (S and dP
 # for dQ); or D alone, then the key-tile kernel adding each tile's dQ atomically, five products
@@ -863,23 +864,29 @@ TILES = {
     "forward": {64: Tiles(block_m=64, block_n=128, num_warps=4), 128: Tiles(block_n=64)},
     "forward-overlap": {64: Tiles(block_n=64, stages=3),
                         128: Tiles(block_m=64, block_n=64, stages=3, num_warps=4)},
-    # not yet timed on a GPU: two programs an SM at d 64 (4 + 4 warps at 128 registers), one at
-    # d 128 (8 + 4 warps at 168, the compute warps keeping 240)
+    # two programs an SM at d 64 (4 + 4 warps at 128 registers), one at d 128 (8 + 4 warps at
+    # 168, the compute warps keeping 240)
     "forward-specialized": {64: Tiles(block_m=64, num_warps=4, max_registers=128),
                             128: Tiles(max_registers=168)},
     # block_m rows a consumer warpgroup (a program owns two tiles); the launch's 168 registers a
-    # thread over three warpgroups, the consumers then taking 240 and the loader 24
-    "forward-pingpong": {64: Tiles(block_m=64, block_n=128, num_warps=4, max_registers=168),
-                         128: Tiles(block_m=64, block_n=128, num_warps=4, max_registers=168)},
+    # thread over three warpgroups, the consumers then taking 240 and the loader 24. At d 128,
+    # 64-key tiles in three slots: 2.13 ms against 2.11 with 128-key tiles in two, and 0.180
+    # against 0.191 at 4096
+    "forward-pingpong": {64: Tiles(block_m=64, block_n=128, stages=3, num_warps=4,
+                                   max_registers=168),
+                         128: Tiles(block_m=64, block_n=64, stages=3, num_warps=4,
+                                    max_registers=168)},
     # at d 64, 64-query tiles: a tie with 128 (4.125 against 4.112 ms of backward) without the
     # 128's 56 bytes of spilled registers a thread
     "dkdv": {64: Tiles(block_m=64, block_n=64, num_warps=4),
              128: Tiles(block_m=64, block_n=64, num_warps=4)},
     "dq": {64: Tiles(block_m=64, block_n=64, stages=3, num_warps=4),
            128: Tiles(block_m=64, block_n=64, num_warps=4)},
-    # not yet timed on a GPU: the split backward's key-tile tiles (208 registers). d 64 only:
-    # at d 128, dK's, dV's and a tile's dQ accumulators outgrow 255 registers a thread (40 to
-    # 840 bytes spilled at every tile set tried)
+    # the split backward's key-tile tiles (208 registers), 4.99 ms of backward against the split
+    # one's 3.87; 64 x 128 keys with eight warps took 4.36, but its two warpgroups share dS^T
+    # in shared memory, and that has not run in the GPU tests. d 64 only: at d 128, dK's, dV's
+    # and a tile's dQ accumulators outgrow 255 registers a thread (40 to 840 bytes spilled at
+    # every tile set tried)
     "dkdv-atomic": {64: Tiles(block_m=64, block_n=64, num_warps=4)},
     # block_m rows a program
     "delta": {64: Tiles(block_m=64, num_warps=4)},
@@ -934,12 +941,15 @@ def _check_schedule(schedule: str, schedules: dict = SCHEDULES) -> None:
 
 
 def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
-                        schedule: str = "waited") -> tuple[Tensor, Tensor]:
+                        schedule: str | None = None) -> tuple[Tensor, Tensor]:
     """o and the logsumexp of softmax(q k^T / sqrt(d)) v, one launch of the kernel that runs
-    `schedule` (one of SCHEDULES; see the module)."""
-    _check_schedule(schedule)
+    `schedule` (one of SCHEDULES, by default the head dim's of DEFAULT_SCHEDULES; see the
+    module)."""
+    if schedule is not None:
+        _check_schedule(schedule)
     check_inputs(q, k, v)
     batch, heads, seq, d = q.shape
+    schedule = schedule or DEFAULT_SCHEDULES[d]
     kernel = SCHEDULES[schedule]
     tiles = TILES[kernel][d]
     q2, k2, v2 = _rows(q, k, v)
@@ -959,8 +969,6 @@ def _schedule_constants(kernel: str) -> dict:
     """The constexprs that pick a kernel's schedule, in its arguments' order."""
     if kernel in ("forward", "forward-overlap"):
         return {"OVERLAP": kernel == "forward-overlap"}
-    if kernel == "forward-pingpong":
-        return {"OVERLAP": False}
     if kernel.startswith("dkdv"):
         return {"ATOMIC_DQ": kernel == "dkdv-atomic"}
     return {}
@@ -986,7 +994,7 @@ def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor
     """dq, dk, dv from the forward's o and logsumexp, as `schedule` (BACKWARD_SCHEDULES) runs
     them. "split": the query-tile kernel (dQ, and D = rowsum(dO * O) for each of its rows), then
     the key-tile kernel (dK, dV), which reads D. "atomic": D alone, then the key-tile kernel,
-    which also adds each tile's share of dQ to fp32 rows atomically (not yet run on a GPU)."""
+    which also adds each tile's share of dQ to fp32 rows atomically (slower on an H200)."""
     _check_schedule(schedule, BACKWARD_SCHEDULES)
     if any(q.shape[-1] not in TILES[kernel] for kernel in BACKWARD_SCHEDULES[schedule]):
         raise ValueError(f"the {schedule} backward takes d in "
@@ -1021,13 +1029,13 @@ def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
 
 @torch.library.custom_op("cs336::flash_gluon_fwd", mutates_args=())
 def flash_gluon_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool,
-                    schedule: str) -> tuple[Tensor, Tensor]:
+                    schedule: str | None) -> tuple[Tensor, Tensor]:
     return flash_gluon_forward(q, k, v, is_causal, schedule)
 
 
 @flash_gluon_fwd.register_fake
 def _flash_gluon_fwd_fake(q: Tensor, k: Tensor, v: Tensor, is_causal: bool,
-                          schedule: str) -> tuple[Tensor, Tensor]:
+                          schedule: str | None) -> tuple[Tensor, Tensor]:
     return _forward_outputs(q)
 
 
@@ -1069,14 +1077,14 @@ flash_gluon_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 class FlashAttentionGluon(torch.autograd.Function):
-    """`FlashAttentionGluon.apply(q, k, v, is_causal=False, schedule="waited")` -> o, for
+    """`FlashAttentionGluon.apply(q, k, v, is_causal=False, schedule=None)` -> o, for
     (batch, heads, seq, d) inputs: the Gluon forward and backward, through the
     `cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd` operators under torch.compile and
     directly in eager mode (`launch.eager_on_plain_tensors`)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
-                schedule: str = "waited") -> Tensor:
+                schedule: str | None = None) -> Tensor:
         if eager_on_plain_tensors(q):
             output = flash_gluon_forward(q, k, v, is_causal, schedule)
         else:
