@@ -110,9 +110,10 @@ def test_a_kernels_pass_is_read_from_its_name():
     assert kernel_variants.kernel_pass("flash_fwd_kernel") == "forward"
     assert kernel_variants.kernel_pass("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") \
         == "forward"
-    assert kernel_variants.kernel_pass("attention_fwd_kernel") == "forward"
+    for name in kernel_variants.GLUON_KERNELS["forward"]:
+        assert kernel_variants.kernel_pass(name) == "forward", name
     for name in ("flash_bwd_kernel", "flash_bwd_dq_kernel", "flash_bwd_prepare_kernel",
-                 "attention_dq_kernel", "attention_dkdv_kernel",
+                 *kernel_variants.GLUON_KERNELS["backward"],
                  "cudnn_generated_fort_native_sdpa_sm90_flash_bprop",
                  "void cudnn::fusion::convert_dq_to_16bits<true>"):
         assert kernel_variants.kernel_pass(name) == "backward", name
@@ -252,3 +253,16 @@ def test_faster_gluon_kernels_say_so_and_absent_ones_say_nothing(tmp_path):
     absent = _facts(tmp_path / "b", [_write(_mkdir(tmp_path / "b"))])
     assert absent["kernels"]["shapes"][0]["gluon"] is None
     assert "Gluon FA2 (sm90), forward" not in _prose(tmp_path / "b", absent)
+
+
+def test_the_profile_names_every_gluon_kernel_flash_gluon_runs():
+    """Each forward schedule's kernel and the split backward's: the profile counts their matmul
+    units and reads their binaries by these names."""
+    from cs336_systems.kernels import flash_gluon
+    forward = {flash_gluon._FORWARD_KERNELS[kernel].__name__
+               for kernel in flash_gluon.SCHEDULES.values()}
+    backward = {flash_gluon._BACKWARD_KERNELS[kernel].__name__
+                for kernel in flash_gluon.BACKWARD_SCHEDULES["split"]}
+    assert set(kernel_variants.GLUON_KERNELS["forward"]) == forward
+    assert set(kernel_variants.GLUON_KERNELS["backward"]) == backward
+    assert set(kernel_variants.GLUON_MATMULS) == forward | backward

@@ -18,12 +18,15 @@ from cs336_systems.measure.timing import summarize
 from cs336_systems.records import read_record
 from cs336_systems.report import facts, tables
 from cs336_systems.report.render import fmt
-from cs336_systems.sections.flash.kernel_variants import NEEDED, VARIANTS, variant_label
+from cs336_systems.sections.flash.kernel_variants import (
+    GLUON_KERNELS,
+    NEEDED,
+    VARIANTS,
+    variant_label,
+)
 
 OURS, ATOMIC, REFERENCE = "flash-triton", "flash-triton-atomic-dq", "sdpa-cudnn"
 GLUON = "flash-gluon"  # our Gluon kernels for Hopper (kernels/flash_gluon.py)
-GLUON_KERNELS = {"forward": ("attention_fwd_kernel",),
-                 "backward": ("attention_dq_kernel", "attention_dkdv_kernel")}
 PEER = "fa4"  # FlashAttention-4, the other stock kernel set beside cuDNN's, where installed
 KEY_TILE_KERNEL = "flash_bwd_kernel"  # ours whose work changes with atomic dQ
 PASSES = ("forward", "backward")

@@ -23,6 +23,7 @@ from cs336_systems.measure.profiling import capture, kernel_table, trace_events
 from cs336_systems.measure.timing import synchronize
 from cs336_systems.pipeline.records import Skip
 from cs336_systems.sections.flash.kernel_variants import (
+    GLUON_KERNELS,
     MATMULS,
     NEEDED,
     VARIANTS,
@@ -59,8 +60,8 @@ def binaries() -> dict[str, dict]:
         for binary, constants in direct(kernel).binaries.values():
             atomic = dict(zip(kernel.arg_names[-len(constants):], constants)).get("ATOMIC_DQ")
             out[kernel.__name__ + ("[atomic dQ]" if atomic else "")] = asks(binary)
-    for kernel in (flash_gluon.attention_fwd_kernel, flash_gluon.attention_dq_kernel,
-                   flash_gluon.attention_dkdv_kernel):
+    for kernel in (getattr(flash_gluon, name) for names in GLUON_KERNELS.values()
+                   for name in names):
         for binary, _ in direct(kernel).binaries.values():
             out[kernel.__name__] = asks(binary)
     return out

@@ -27,8 +27,14 @@ NEEDED = {"forward": 2, "backward": 5}  # matmul units each pass needs
 OUR_MATMULS = {"flash_fwd_kernel": 2, "flash_bwd_dq_kernel": 3, "flash_bwd_prepare_kernel": 0,
                "flash_bwd_kernel": 4}
 OUR_MATMULS_ATOMIC = {**OUR_MATMULS, "flash_bwd_kernel": 5}  # it adds dS K into dQ too
-# the Gluon kernels (kernels/flash_gluon.py): the dQ kernel recomputes S and dP, as ours does
-GLUON_MATMULS = {"attention_fwd_kernel": 2, "attention_dq_kernel": 3, "attention_dkdv_kernel": 4}
+# the Gluon kernels (kernels/flash_gluon.py) by pass: a forward kernel a schedule (the waited and
+# overlapped schedules share one; the head dim picks the default), and the split backward's two
+GLUON_KERNELS = {"forward": ("attention_fwd_kernel", "attention_fwd_specialized_kernel",
+                             "attention_fwd_pingpong_kernel"),
+                 "backward": ("attention_dq_kernel", "attention_dkdv_kernel")}
+# ... and their matmul units: the dQ kernel recomputes S and dP, as ours does
+GLUON_MATMULS = {**dict.fromkeys(GLUON_KERNELS["forward"], 2), "attention_dq_kernel": 3,
+                 "attention_dkdv_kernel": 4}
 # variant -> the matmul units each of its kernels executes (the variants whose kernels are ours)
 MATMULS = {"flash-triton": OUR_MATMULS, "flash-triton-atomic-dq": OUR_MATMULS_ATOMIC,
            "flash-gluon": GLUON_MATMULS}
