@@ -137,16 +137,6 @@ def _next_slot(a_desc, b_desc, a_smem, b_smem, ready, first_row, j, n_tiles,
 
 
 @gluon.jit
-def _refill(a_desc, b_desc, a_smem, b_smem, ready, first_row, j, n_tiles, BLOCK: gl.constexpr,
-            STAGES: gl.constexpr):
-    """`_next_slot`'s refill alone, for a walk whose products of tile j - 1 complete only once
-    tile j's first products are waited for: tile j + STAGES - 1 into the slot tile j - 1 used."""
-    nxt = j + STAGES - 1
-    if nxt < n_tiles:
-        _issue_pair(a_desc, b_desc, a_smem, b_smem, ready, first_row + nxt * BLOCK, nxt, STAGES)
-
-
-@gluon.jit
 def _own_tile(desc, row):
     """The program's own tile of one tensor (Q): shared memory, its TMA load started, and the
     barrier that completes when it has landed."""
@@ -614,32 +604,23 @@ _FORWARD_KERNELS = {"forward": attention_fwd_kernel, "forward-overlap": attentio
 
 
 @gluon.jit
-def _transposed_scores(k_smem, v_smem, q_tile, do_tile, dk, dv, st_layout: gl.constexpr,
-                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """S^T = K Q^T and dP^T = V dO^T of one query tile, issued behind the previous tile's dK and
-    dV products and waited for with them (wgmma groups complete in issue order)."""
-    zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
-    st = warpgroup_mma(k_smem, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-    dpt = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-    return warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt, dk, dv))
-
-
-@gluon.jit
-def _dkdv_tile(st, dpt, k_smem, q_tile, do_tile, ds_smem, dk, dv, dq_ptr, lse_ptr, delta_ptr,
+def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, ds_smem, dk, dv, dq_ptr, lse_ptr, delta_ptr,
                head_row, start_n, start_m, seq, qk_scale, sm_scale, masked,
                st_layout: gl.constexpr, acc_layout: gl.constexpr, op_layout: gl.constexpr,
                HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                CAUSAL: gl.constexpr, ATOMIC_DQ: gl.constexpr):
-    """One query tile's share of a key tile's dK and dV, transposed (keys are rows), from its
-    S^T and dP^T (`_transposed_scores`): P^T, dV += P^T dO, dS^T = P^T (dP^T - D), dK += dS^T Q
-    (lines 11-16), the two products left in flight (the next tile's scores wait for them).
+    """One query tile's share of a key tile's dK and dV, transposed (keys are rows): S^T = K Q^T,
+    P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q (lines 11-16).
     With ATOMIC_DQ, dS^T goes through shared memory (`ds_smem`), where it is dK's A operand and,
     read transposed, dQ's: the tile's share of dQ = dS K (line 15) is added to dQ's fp32 rows
-    atomically, and every product is waited for. `masked`: the tile crosses the causal diagonal
-    or the sequence's end."""
+    atomically. `masked`: the tile crosses the causal diagonal or the sequence's end."""
     rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))   # queries
     lse2 = gl.load(lse_ptr + head_row + rows, mask=rows < seq, other=0.0) * LOG2_E_GL
     delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
+    zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+    st = warpgroup_mma(k_smem, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
     pt = gl.exp2(st * qk_scale - lse2[None, :])
     if masked:
         pt = _mask_walked(pt, start_n, start_m, seq, 0.0, st_layout, BLOCK_N, BLOCK_M, False,
@@ -658,11 +639,11 @@ def _dkdv_tile(st, dpt, k_smem, q_tile, do_tile, ds_smem, dk, dv, dq_ptr, lse_pt
         dq = warpgroup_mma_wait(num_outstanding=2, deps=(dq,))
         _add_rows(dq_ptr, dq * sm_scale, head_row, start_m, seq, acc_layout, HEAD_D, BLOCK_M)
         dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-        dk, dv = warpgroup_mma_init(dk), warpgroup_mma_init(dv)   # as the loop carries them
     else:
         dst16 = gl.convert_layout(dst.to(q_tile.dtype), op_layout)
         dv = warpgroup_mma(pt16, do_tile, dv, is_async=True)
         dk = warpgroup_mma(dst16, q_tile, dk, is_async=True)
+        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
     return dk, dv
 
 
@@ -697,20 +678,13 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, dk_ptr, dv_pt
     n_tiles = gl.cdiv(seq, BLOCK_M) - first
     _fill_ring(q_desc, do_desc, q_smem, do_smem, ready, head_row + first * BLOCK_M, n_tiles,
                BLOCK_M, STAGES)
-    # dK and dV as in-flight wgmma accumulators, as each step leaves them
-    dk = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout))
-    dv = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout))
+    dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
 
     for j in range(n_tiles):
-        slot = j % STAGES
-        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-        q_tile, do_tile = q_smem.index(slot), do_smem.index(slot)
-        st, dpt, dk, dv = _transposed_scores(k_smem, v_smem, q_tile, do_tile, dk, dv, st_layout,
-                                             BLOCK_M, BLOCK_N)
-        # tile j - 1's products are done with its slot now
-        _refill(q_desc, do_desc, q_smem, do_smem, ready, head_row + first * BLOCK_M, j, n_tiles,
-                BLOCK_M, STAGES)
+        slot = _next_slot(q_desc, do_desc, q_smem, do_smem, ready, head_row + first * BLOCK_M, j,
+                          n_tiles, BLOCK_M, STAGES)
         start_m = (first + j) * BLOCK_M
         # masked: the sequence's last query tile, and the diagonal band under the causal mask
         needs_mask = start_m + BLOCK_M > seq
@@ -718,11 +692,10 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, dk_ptr, dv_pt
             needs_mask = needs_mask | (start_m < start_n + BLOCK_N)
         if ATOMIC_DQ:   # keys past the end (the next head's rows) would add to these dQ rows
             needs_mask = needs_mask | (start_n + BLOCK_N > seq)
-        dk, dv = _dkdv_tile(st, dpt, k_smem, q_tile, do_tile, ds_smem, dk, dv, dq_ptr, lse_ptr,
-                            delta_ptr, head_row, start_n, start_m, seq, qk_scale, sm_scale,
-                            needs_mask, st_layout, acc_layout, op_layout, HEAD_D, BLOCK_M,
-                            BLOCK_N, CAUSAL, ATOMIC_DQ)
-    dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+        dk, dv = _dkdv_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem,
+                            dk, dv, dq_ptr, lse_ptr, delta_ptr, head_row, start_n, start_m, seq,
+                            qk_scale, sm_scale, needs_mask, st_layout, acc_layout, op_layout,
+                            HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, ATOMIC_DQ)
 
     mbarrier.invalidate(kv_ready)
     for i in gl.static_range(STAGES):
@@ -732,28 +705,21 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, dk_ptr, dv_pt
 
 
 @gluon.jit
-def _dq_tile(s, dp, k_tile, dq, lse2, delta, start_m, start_n, seq, qk_scale, masked,
-             s_layout: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+def _dq_tile(q_smem, do_smem, k_tile, v_tile, dq, lse2, delta, start_m, start_n, seq, qk_scale,
+             masked, s_layout: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr,
              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """One key tile's share of a query tile's dQ from its S = Q K^T and dP = dO V^T
-    (`_scores`): P, dS = P (dP - D), dQ += dS K (lines 11-15), the product left in flight (the
-    next tile's scores wait for it). `masked`: as in `_dkdv_tile`."""
+    """One key tile's share of a query tile's dQ: S = Q K^T, P, dP = dO V^T, dS = P (dP - D),
+    dQ += dS K (lines 11-15). `masked`: as in `_dkdv_tile`."""
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    dp = warpgroup_mma(do_smem, v_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
     p = gl.exp2(s * qk_scale - lse2[:, None])
     if masked:
         p = _mask_walked(p, start_m, start_n, seq, 0.0, s_layout, BLOCK_M, BLOCK_N, True, CAUSAL)
     ds = gl.convert_layout((p * (dp - delta[:, None])).to(k_tile.dtype), op_layout)
-    return warpgroup_mma(ds, k_tile, dq, is_async=True)
-
-
-@gluon.jit
-def _scores(q_smem, do_smem, k_tile, v_tile, dq, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-            BLOCK_N: gl.constexpr):
-    """S = Q K^T and dP = dO V^T of one key tile, issued behind the previous tile's dQ product
-    and waited for with it."""
-    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-    dp = warpgroup_mma(do_smem, v_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-    return warpgroup_mma_wait(num_outstanding=0, deps=(s, dp, dq))
+    dq = warpgroup_mma(ds, k_tile, dq, is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
 
 
 @gluon.jit
@@ -781,21 +747,15 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, o_ptr, do_ptr, 
     delta = gl.convert_layout(_row_dots(o_ptr, do_ptr, head_row, start_m, seq, HEAD_D, BLOCK_M,
                                         num_warps)[1], gl.SliceLayout(1, s_layout))
     gl.store(delta_ptr + head_row + rows, delta, mask=rows < seq)   # for the key-tile kernel
-    # dQ as an in-flight wgmma accumulator, as each step leaves it
-    dq = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_D], gl.float32, acc_layout))
+    dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, acc_layout)
     mbarrier.wait(q_ready, 0)
 
     for j in range(n_tiles):
-        slot = j % STAGES
-        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-        k_tile = k_smem.index(slot)
-        s, dp, dq = _scores(q_smem, do_smem, k_tile, v_smem.index(slot), dq, s_layout, BLOCK_M,
-                            BLOCK_N)
-        # tile j - 1's dQ product is done with its slot now
-        _refill(k_desc, v_desc, k_smem, v_smem, ready, head_row, j, n_tiles, BLOCK_N, STAGES)
-        dq = _dq_tile(s, dp, k_tile, dq, lse2, delta, start_m, j * BLOCK_N, seq, qk_scale,
-                      j >= n_full, s_layout, op_layout, BLOCK_M, BLOCK_N, CAUSAL)
-    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+        slot = _next_slot(k_desc, v_desc, k_smem, v_smem, ready, head_row, j, n_tiles, BLOCK_N,
+                          STAGES)
+        dq = _dq_tile(q_smem, do_smem, k_smem.index(slot), v_smem.index(slot), dq, lse2, delta,
+                      start_m, j * BLOCK_N, seq, qk_scale, j >= n_full, s_layout, op_layout,
+                      BLOCK_M, BLOCK_N, CAUSAL)
 
     mbarrier.invalidate(q_ready)
     for i in gl.static_range(STAGES):
