@@ -180,6 +180,9 @@ def test_a_step_s_device_time_by_class_counts_overlap_once():
     assert kernel_class("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16") \
         == "attention"
     assert kernel_class("flash_bwd_kernel") == "attention"
+    from cs336_systems.sections.flash.kernel_variants import GLUON_KERNELS
+    for name in (*GLUON_KERNELS["forward"], *GLUON_KERNELS["backward"], "attention_delta_kernel"):
+        assert kernel_class(name) == "attention", name
     assert kernel_class("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN") == "matmul"
     assert kernel_class("_adamw_chunk") == "optimizer"
     assert kernel_class("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL") == "communication"

@@ -185,10 +185,12 @@ def profiled_steps(events: list[dict]) -> int:
 # The classes, first match wins. Inductor's generated pointwise and reduction kernels go to
 # "elementwise" before anything else: their names list the ops they fused (a RoPE kernel beside
 # attention is called "..._scaled_dot_product_cudnn_attention_..."). Attention: cuDNN's fused
-# attention and its helpers, SDPA's flash and memory-efficient kernels, our FlashAttention.
+# attention and its helpers, SDPA's flash and memory-efficient kernels, our FlashAttention (the
+# Triton FA2's flash_* kernels, the Gluon ones' attention_*).
 KERNEL_CLASSES: tuple[tuple[str, re.Pattern], ...] = (
     ("elementwise", re.compile(r"^triton_(poi|red|per)_")),
-    ("attention", re.compile(r"sdpa|fmha|flash|cudnn|scaled_dot_product", re.IGNORECASE)),
+    ("attention", re.compile(r"sdpa|fmha|flash|cudnn|scaled_dot_product|^attention_(fwd|dq|dkdv"
+                             r"|delta)_", re.IGNORECASE)),
     ("matmul", MATMUL),
     ("optimizer", re.compile(r"adam", re.IGNORECASE)),
     ("communication", re.compile(r"nccl", re.IGNORECASE)),
