@@ -28,8 +28,9 @@ logsumexp of the scaled scores, in natural log, as the Triton kernel saves it.
 Program roles. Forward (Algorithm 1): program (m, bh) owns BLOCK_M query rows of one (batch,
 head) and walks its key tiles; in the specialized schedule one more warp, the loader, issues
 the program's TMA loads; in the ping-pong schedule program (m, bh) owns 2 * BLOCK_M queries,
-BLOCK_M to each of two consumer warpgroups, and a loader warp. Backward (Algorithm 2), two launches: program (m, bh) of the
-query-tile kernel, launched first, owns BLOCK_M queries, computes their D = rowsum(dO * O) and
+BLOCK_M to each of two consumer warpgroups, and a loader warp. Backward (Algorithm 2), two
+launches: program (m, bh) of the query-tile kernel, launched first, owns BLOCK_M queries,
+computes their D = rowsum(dO * O) and
 walks their key tiles for dQ; program (n, bh) of the key-tile kernel owns BLOCK_N keys and
 walks the query tiles that see them for dK and dV (computing S^T and dP^T, so that keys are the
 rows of every product). In the atomic schedule, program (m, bh) of the first launch computes D
@@ -465,14 +466,14 @@ def _pingpong_partition(q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, tur
                         STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """Consumer CONSUMER (0 or 1) of a program: its query tile's key tiles, each of its turns
     issuing S_j and P_{j-1} V_{j-1} and handing the turn over, the softmax of S_j between
-    turns; then as many idle turns (each
-    releasing a K/V slot it does not read) as the other consumer has tiles more, so that both
-    take the same turns, and O and the logsumexp stored."""
+    turns; then as many idle turns (each releasing a K/V slot it does not read) as the other
+    consumer has tiles more, so that both take the same turns; then O and the logsumexp."""
     my_turn = turns.index(CONSUMER)
     other_turn = turns.index(1 - CONSUMER)
     my_start = start_m + CONSUMER * BLOCK_M
     n_tiles, n_full = _key_tiles(my_start, seq, BLOCK_M, BLOCK_N, CAUSAL)
-    n_walked, _ = _key_tiles(start_m + BLOCK_M, seq, BLOCK_M, BLOCK_N, CAUSAL)   # the program's
+    # the program's key tiles: the second (later) query tile's
+    n_walked, _ = _key_tiles(start_m + BLOCK_M, seq, BLOCK_M, BLOCK_N, CAUSAL)
     dtype: gl.constexpr = q_smem.dtype
     m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
@@ -843,14 +844,17 @@ class Tiles:
 KERNELS = ("forward", "forward-overlap", "forward-specialized", "forward-pingpong", "dkdv", "dq",
            "dkdv-atomic", "delta")
 # the forward's schedules, each the kernel of KERNELS that runs it: each wgmma waited for
-# (FlashAttention-2's), FlashAttention-3's overlap inside a warpgroup, and FlashAttention-3's
-# producer and consumer warps (a loader warp and the compute warps)
+# (FlashAttention-2's), FlashAttention-3's overlap inside a warpgroup, FlashAttention-3's
+# producer and consumer warps (a loader warp and the compute warps), and its ping-pong (a loader
+# warp and two consumer warpgroups taking turns)
 SCHEDULES = {"waited": "forward", "overlapped": "forward-overlap",
              "specialized": "forward-specialized", "pingpong": "forward-pingpong"}
 # the schedule a forward runs unless told, per head dim: the fastest on an H200 (docs/
 # measurements.md, "The Gluon forward's ping-pong schedule"): at d 128 the ping-pong forward
-# took 0.95x the waited one's time at 4096 and tied it at 16384; at d 64 it was slower
+# took 0.92x to 0.95x the waited one's time at 4096 and tied it at 16384; at d 64 it was slower
 DEFAULT_SCHEDULES = {64: "waited", 128: "pingpong"}
+# query tiles a program of a forward kernel owns (one, but for the ping-pong forward's two)
+PROGRAM_QUERY_TILES = {"forward-pingpong": 2}
 # the backward's, each its kernels of KERNELS in launch order: the query-tile kernel (dQ and D)
 # then the key-tile kernel (dK, dV), FlashAttention-2's five products and two more (S and dP
 # for dQ); or D alone, then the key-tile kernel adding each tile's dQ atomically, five products
@@ -870,8 +874,8 @@ TILES = {
                             128: Tiles(max_registers=168)},
     # block_m rows a consumer warpgroup (a program owns two tiles); the launch's 168 registers a
     # thread over three warpgroups, the consumers then taking 240 and the loader 24. At d 128,
-    # 64-key tiles in three slots: 2.13 ms against 2.11 with 128-key tiles in two, and 0.180
-    # against 0.191 at 4096
+    # 64-key tiles in three slots, for the shorter sequences: 0.180 ms against 0.191 with
+    # 128-key tiles in two at 4096, and 2.13 against 2.11 at 16384
     "forward-pingpong": {64: Tiles(block_m=64, block_n=128, stages=3, num_warps=4,
                                    max_registers=168),
                          128: Tiles(block_m=64, block_n=64, stages=3, num_warps=4,
@@ -958,7 +962,7 @@ def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False
     constants = {"HEAD_D": d, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
                  "STAGES": tiles.stages, "CAUSAL": is_causal,
                  **_schedule_constants(kernel), **tiles.launch_options()}
-    own_rows = tiles.block_m * (2 if kernel == "forward-pingpong" else 1)   # a program's queries
+    own_rows = tiles.block_m * PROGRAM_QUERY_TILES.get(kernel, 1)   # a program's queries
     direct(_FORWARD_KERNELS[kernel])[triton.cdiv(seq, own_rows), batch * heads](
         _descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
         _descriptor(v2, tiles.block_n), o, lse, seq, d ** -0.5 * LOG2_E, **constants)
