@@ -8,8 +8,8 @@ warp issuing every TMA load while the other warps compute (`specialized`), and t
 two consumer warpgroups taking turns at the tensor cores, each overlapping its softmax with its
 own P V (`pingpong`, the default at d 128; `DEFAULT_SCHEDULES`). The backward comes in two
 (`BACKWARD_SCHEDULES`): a query-tile kernel for dQ and a key-tile kernel for dK and dV
-(`split`, the default), or the key-tile kernel adding each tile's dQ atomically (`atomic`,
-d 64, slower than `split` on an H200).
+(`split`, the default), or the key-tile kernel adding each tile's dQ with TMA bulk
+reductions (`atomic`, d 64: on an H200 as fast as `split` at 16384 and slower at 4096).
 `lm.attention` registers the default as the attention choice `flash-gluon` (the Triton FA2
 where these kernels cannot take the inputs); torch.compile sees two custom operators,
 `cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd`. The backward's warps all load and
@@ -25,18 +25,20 @@ q, k and v share one shape (self-attention, no grouped heads), bf16 or fp16, d 6
 `kernels.flash_triton`: query i sees keys 0..i. lse (batch, heads, seq) fp32 is each row's
 logsumexp of the scaled scores, in natural log, as the Triton kernel saves it.
 
-Program roles. Forward (Algorithm 1): program (m, bh) owns BLOCK_M query rows of one (batch,
+Program roles. Forward (Algorithm 1): program (bh, m) owns BLOCK_M query rows of one (batch,
 head) and walks its key tiles; in the specialized schedule one more warp, the loader, issues
-the program's TMA loads; in the ping-pong schedule program (m, bh) owns 2 * BLOCK_M queries,
+the program's TMA loads; in the ping-pong schedule program (bh, m) owns 2 * BLOCK_M queries,
 BLOCK_M to each of two consumer warpgroups, and a loader warp. Backward (Algorithm 2), two
-launches: program (m, bh) of the query-tile kernel, launched first, owns BLOCK_M queries,
-computes their D = rowsum(dO * O) and
-walks their key tiles for dQ; program (n, bh) of the key-tile kernel owns BLOCK_N keys and
-walks the query tiles that see them for dK and dV (computing S^T and dP^T, so that keys are the
-rows of every product). In the atomic schedule, program (m, bh) of the first launch computes D
-alone, and the key-tile kernel's programs add dS K for each query tile they walk to that tile's
-dQ rows (fp32, atomically). A program's compute warps are num_warps // 4 warpgroups, which split
-the rows of each wgmma.
+launches: program (bh, m) of the query-tile kernel, launched first, owns BLOCK_M queries,
+computes their D = rowsum(dO * O) and walks their key tiles for dQ; program (bh, n) of the
+key-tile kernel owns BLOCK_N keys and walks the query tiles that see them for dK and dV
+(computing S^T and dP^T, so that keys are the rows of every product). In the atomic schedule,
+program (bh, m) of the first launch computes D alone, and the key-tile kernel's programs add
+dS K for each query tile they walk to that tile's dQ rows (fp32), one TMA bulk reduction a
+tile, as FlashAttention-3 does. A program's compute warps are num_warps // 4 warpgroups, which
+split the rows of each wgmma. Heads vary fastest over the grid, and under the causal mask the
+query-tile kernels take their tiles last first: the programs with the most key tiles start
+first and the shortest fill the tail (`_query_tile`).
 
 The TMA descriptors see q, k, v and dO as 2-D (batch * heads * seq, d) tensors: a tile that
 runs past its head's last row reads the next head's rows (zeros past the tensor's end); the
@@ -65,8 +67,10 @@ from dataclasses import dataclass
 import torch
 import triton
 from torch import Tensor
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -82,6 +86,20 @@ from cs336_systems.kernels.launch import direct, eager_on_plain_tensors
 # Triton 3.6 (torch 2.11's) names the TMA load async_copy_global_to_shared, later ones async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
+
+@builtin
+def _tma_reduce_add(desc, coord, src, _semantic=None):
+    """Add a shared-memory tile to global memory at `coord` with one TMA bulk reduction
+    (cp.reduce.async.bulk.tensor ... add), as FlashAttention-3 adds dQ. Triton 3.9's Gluon
+    calls it tma.async_atomic_add; 3.6's builder has the operation, its language not the
+    function. Wait for it with tma.store_wait, as for a TMA store."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle, coord,
+                                              src.handle)
+
+
+_tma_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add
+
 LOG2_E = 1.4426950408889634
 LOG2_E_GL = gl.constexpr(LOG2_E)
 LN_2 = gl.constexpr(0.6931471805599453)
@@ -93,6 +111,8 @@ LOADER_REGISTERS = gl.constexpr(24)
 PINGPONG_REGISTERS = gl.constexpr(240)
 SUPPORTED_HEAD_DIMS = (64, 128)
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+# the tensors a TMA descriptor sees: the inputs, and the atomic backward's fp32 dQ
+_DESCRIBED = {**GL_DTYPES, torch.float32: gl.float32}
 
 
 @triton.constexpr_function
@@ -186,6 +206,21 @@ def _ring_pair(a_desc, b_desc, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _query_tile(CAUSAL: gl.constexpr):
+    """The (batch, head) and the query tile that a program of a query-tile kernel (the
+    forward's, dQ's) owns. Heads vary fastest over the grid, and under the causal mask, where a
+    tile's key tiles grow with its index, the tiles come last first: the programs with the most
+    key tiles start first and the shortest fill the tail (longest-processing-time order, as
+    `kernels.flash_triton` launches its query tiles). The key-tile kernel's own order, tiles
+    fastest from the first, is already longest first."""
+    bh = gl.program_id(0)
+    tile = gl.program_id(1)
+    if CAUSAL:
+        tile = gl.num_programs(1) - 1 - tile
+    return bh, tile
+
+
+@gluon.jit
 def _key_tiles(start_m, seq, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """The key tiles a query tile reads (up to its last query when causal: FA-2's early exit),
     and how many of the first ones every query sees whole, inside the sequence: no mask."""
@@ -262,8 +297,7 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, qk_scale,
                          HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                          num_warps: gl.constexpr):
-    pid_m = gl.program_id(0)            # which BLOCK_M rows of the sequence
-    bh = gl.program_id(1)               # which (batch, head)
+    bh, pid_m = _query_tile(CAUSAL)     # which (batch, head), which BLOCK_M queries
     head_row = bh * seq                 # the head's first row in the 2-D views
     start_m = pid_m * BLOCK_M
 
@@ -416,8 +450,7 @@ def attention_fwd_specialized_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq
                                      HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                      CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-    pid_m = gl.program_id(0)            # which BLOCK_M rows of the sequence
-    bh = gl.program_id(1)               # which (batch, head)
+    bh, pid_m = _query_tile(CAUSAL)     # which (batch, head), which BLOCK_M queries
     head_row = bh * seq
     start_m = pid_m * BLOCK_M
 
@@ -548,8 +581,7 @@ def attention_fwd_pingpong_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, q
                                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                   CAUSAL: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "each ping-pong consumer is one warpgroup")
-    pid_m = gl.program_id(0)            # which 2 * BLOCK_M rows of the sequence
-    bh = gl.program_id(1)               # which (batch, head)
+    bh, pid_m = _query_tile(CAUSAL)     # which (batch, head), which 2 * BLOCK_M queries
     head_row = bh * seq
     start_m = pid_m * 2 * BLOCK_M
 
@@ -605,16 +637,18 @@ _FORWARD_KERNELS = {"forward": attention_fwd_kernel, "forward-overlap": attentio
 
 
 @gluon.jit
-def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, ds_smem, dk, dv, dq_ptr, lse_ptr, delta_ptr,
-               head_row, start_n, start_m, seq, qk_scale, sm_scale, masked,
+def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, ds_smem, dq_smem, dk, dv, dq_desc, lse_ptr,
+               delta_ptr, head_row, start_n, start_m, seq, qk_scale, sm_scale, masked,
                st_layout: gl.constexpr, acc_layout: gl.constexpr, op_layout: gl.constexpr,
                HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                CAUSAL: gl.constexpr, ATOMIC_DQ: gl.constexpr):
     """One query tile's share of a key tile's dK and dV, transposed (keys are rows): S^T = K Q^T,
     P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q (lines 11-16).
     With ATOMIC_DQ, dS^T goes through shared memory (`ds_smem`), where it is dK's A operand and,
-    read transposed, dQ's: the tile's share of dQ = dS K (line 15) is added to dQ's fp32 rows
-    atomically. `masked`: the tile crosses the causal diagonal or the sequence's end."""
+    read transposed, dQ's: the tile's share of dQ = dS K (line 15) goes through `dq_smem` (one of
+    two buffers, taken in turn) and is added to dQ's fp32 rows by one TMA reduction (rows past
+    the head's end add zeros: their dS is masked). `masked`: the tile crosses the causal
+    diagonal or the sequence's end."""
     rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))   # queries
     lse2 = gl.load(lse_ptr + head_row + rows, mask=rows < seq, other=0.0) * LOG2_E_GL
     delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
@@ -638,7 +672,10 @@ def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, ds_smem, dk, dv, dq_ptr, lse_ptr
         dv = warpgroup_mma(pt16, do_tile, dv, is_async=True)
         dk = warpgroup_mma(ds_smem, q_tile, dk, is_async=True)
         dq = warpgroup_mma_wait(num_outstanding=2, deps=(dq,))
-        _add_rows(dq_ptr, dq * sm_scale, head_row, start_m, seq, acc_layout, HEAD_D, BLOCK_M)
+        tma.store_wait(1)               # the reduction of two tiles ago has read this buffer
+        dq_smem.store(dq * sm_scale)
+        fence_async_shared()
+        _tma_add(dq_desc, [head_row + start_m, 0], dq_smem)
         dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
     else:
         dst16 = gl.convert_layout(dst.to(q_tile.dtype), op_layout)
@@ -649,7 +686,7 @@ def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, ds_smem, dk, dv, dq_ptr, lse_ptr
 
 
 @gluon.jit
-def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, dk_ptr, dv_ptr, lse_ptr,
+def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, lse_ptr,
                           delta_ptr, seq, qk_scale, sm_scale, HEAD_D: gl.constexpr,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           CAUSAL: gl.constexpr, ATOMIC_DQ: gl.constexpr,
@@ -666,11 +703,16 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, dk_ptr, dv_pt
 
     k_smem, v_smem, kv_ready = _own_pair(k_desc, v_desc, head_row + start_n)
     q_smem, do_smem, ready = _ring_pair(q_desc, do_desc, STAGES)
-    if ATOMIC_DQ:   # dS^T, a tile at a time, for dK's product and (transposed) dQ's
+    # with ATOMIC_DQ: dS^T a tile at a time (dK's A operand and, transposed, dQ's), and two
+    # buffers of a tile's fp32 share of dQ, which the TMA reductions read
+    if ATOMIC_DQ:
         ds_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N, BLOCK_M],
                                             _shared_tile(BLOCK_N, BLOCK_M, q_desc.dtype))
-    else:           # dS^T stays in registers; no dQ here
+        dq_smem = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape,
+                                            dq_desc.layout)
+    else:           # dS^T stays in registers; no dQ here (dq_desc is unused)
         ds_smem = k_smem
+        dq_smem = k_smem
 
     # the query tiles that see these keys: from the first query at or after the first key
     first = 0
@@ -693,11 +735,16 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, dk_ptr, dv_pt
             needs_mask = needs_mask | (start_m < start_n + BLOCK_N)
         if ATOMIC_DQ:   # keys past the end (the next head's rows) would add to these dQ rows
             needs_mask = needs_mask | (start_n + BLOCK_N > seq)
+        dq_buffer = dq_smem
+        if ATOMIC_DQ:
+            dq_buffer = dq_smem.index(j % 2)
         dk, dv = _dkdv_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem,
-                            dk, dv, dq_ptr, lse_ptr, delta_ptr, head_row, start_n, start_m, seq,
-                            qk_scale, sm_scale, needs_mask, st_layout, acc_layout, op_layout,
-                            HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, ATOMIC_DQ)
+                            dq_buffer, dk, dv, dq_desc, lse_ptr, delta_ptr, head_row, start_n,
+                            start_m, seq, qk_scale, sm_scale, needs_mask, st_layout, acc_layout,
+                            op_layout, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, ATOMIC_DQ)
 
+    if ATOMIC_DQ:
+        tma.store_wait(0)               # the last reduction has read dq_smem
     mbarrier.invalidate(kv_ready)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
@@ -728,8 +775,7 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, o_ptr, do_ptr, 
                         delta_ptr, seq, qk_scale, sm_scale, HEAD_D: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                         CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-    pid_m = gl.program_id(0)            # which BLOCK_M queries
-    bh = gl.program_id(1)               # which (batch, head)
+    bh, pid_m = _query_tile(CAUSAL)     # which (batch, head), which BLOCK_M queries
     head_row = bh * seq
     start_m = pid_m * BLOCK_M
 
@@ -812,14 +858,6 @@ def _store_rows(ptr, values, head_row, start, seq, layout: gl.constexpr, HEAD_D:
     gl.store(ptr + offsets, values.to(ptr.dtype.element_ty), mask=(rows < seq)[:, None])
 
 
-@gluon.jit
-def _add_rows(ptr, values, head_row, start, seq, layout: gl.constexpr, HEAD_D: gl.constexpr,
-              BLOCK: gl.constexpr):
-    """`_store_rows`, added atomically to an fp32 output that other programs add to too."""
-    rows, offsets = _row_offsets(head_row, start, layout, HEAD_D, BLOCK)
-    gl.atomic_add(ptr + offsets, values, mask=(rows < seq)[:, None], sem="relaxed")
-
-
 @dataclass(frozen=True)
 class Tiles:
     """One launch configuration: rows of the program's own tile (block_m: queries of the
@@ -857,8 +895,8 @@ DEFAULT_SCHEDULES = {64: "waited", 128: "pingpong"}
 PROGRAM_QUERY_TILES = {"forward-pingpong": 2}
 # the backward's, each its kernels of KERNELS in launch order: the query-tile kernel (dQ and D)
 # then the key-tile kernel (dK, dV), FlashAttention-2's five products and two more (S and dP
-# for dQ); or D alone, then the key-tile kernel adding each tile's dQ atomically, five products
-# (FlashAttention-2's and -3's atomic dQ)
+# for dQ); or D alone, then the key-tile kernel adding each tile's dQ with a TMA bulk
+# reduction, five products (FlashAttention-3's dQ)
 BACKWARD_SCHEDULES = {"split": ("dq", "dkdv"), "atomic": ("delta", "dkdv-atomic")}
 # Per kernel and head dim: the fastest tiles of scripts/sweep_gluon.py on an H200 at 16 heads
 # of 16384 causal bf16 (Triton 3.6), each compiling for sm90a within shared memory
@@ -886,11 +924,10 @@ TILES = {
              128: Tiles(block_m=64, block_n=64, num_warps=4)},
     "dq": {64: Tiles(block_m=64, block_n=64, stages=3, num_warps=4),
            128: Tiles(block_m=64, block_n=64, num_warps=4)},
-    # the split backward's key-tile tiles (208 registers), 4.99 ms of backward against the split
-    # one's 3.87; 64 x 128 keys with eight warps took 4.36, but its two warpgroups share dS^T
-    # in shared memory, and that has not run in the GPU tests. d 64 only: at d 128, dK's, dV's
-    # and a tile's dQ accumulators outgrow 255 registers a thread (40 to 840 bytes spilled at
-    # every tile set tried)
+    # the split backward's key-tile tiles (220 registers): 3.76 to 4.28 ms of backward at
+    # 16 x 16384 over four probes, against the split one's 3.72 to 3.90 in the same processes
+    # (three slots: 3.76 and 3.79; 64 x 128 keys on eight warps: 4.79 and 5.08). d 64 only: at d 128 its fp32 dQ buffers and K, V, Q and dO tiles take 139 KiB of
+    # shared memory, a program an SM (10.2 ms against the split one's 6.3)
     "dkdv-atomic": {64: Tiles(block_m=64, block_n=64, num_warps=4)},
     # block_m rows a program
     "delta": {64: Tiles(block_m=64, num_warps=4)},
@@ -936,7 +973,15 @@ def _descriptor(t: Tensor, block_rows: int):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     rows, d = t.shape
     return TensorDescriptor(t, [rows, d], [d, 1], [block_rows, d],
-                            _shared_layout(block_rows, d, GL_DTYPES[t.dtype]))
+                            _shared_layout(block_rows, d, _DESCRIBED[t.dtype]))
+
+
+def _grid(q: Tensor, own_rows: int, kernel: str) -> tuple[int, int]:
+    """A program per tile of own_rows of each (batch, head)'s sequence: (heads, tiles) for the
+    query-tile kernels (`_query_tile`), (tiles, heads) for the key-tile kernel."""
+    batch, heads, seq, _ = q.shape
+    grid = (batch * heads, triton.cdiv(seq, own_rows))
+    return grid[::-1] if kernel.startswith("dkdv") else grid
 
 
 def _check_schedule(schedule: str, schedules: dict = SCHEDULES) -> None:
@@ -963,7 +1008,7 @@ def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False
                  "STAGES": tiles.stages, "CAUSAL": is_causal,
                  **_schedule_constants(kernel), **tiles.launch_options()}
     own_rows = tiles.block_m * PROGRAM_QUERY_TILES.get(kernel, 1)   # a program's queries
-    direct(_FORWARD_KERNELS[kernel])[triton.cdiv(seq, own_rows), batch * heads](
+    direct(_FORWARD_KERNELS[kernel])[_grid(q, own_rows, kernel)](
         _descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
         _descriptor(v2, tiles.block_n), o, lse, seq, d ** -0.5 * LOG2_E, **constants)
     return o.view(q.shape), lse
@@ -978,13 +1023,14 @@ def _schedule_constants(kernel: str) -> dict:
     return {}
 
 
-def _launch_backward(kernel: str, q2, k2, v2, do2, *args, seq: int, heads: int, d: int,
-                     is_causal: bool) -> None:
-    """One backward kernel of KERNELS: a program per tile of rows it owns of each head (keys
-    for dK and dV, queries for dQ), the descriptors of the tiles it owns and walks."""
+def _launch_backward(kernel: str, q: Tensor, q2, k2, v2, do2, *args, is_causal: bool) -> None:
+    """One backward kernel of KERNELS for (batch, heads, seq, d) inputs like q: a program per
+    tile of rows it owns of each head (keys for dK and dV, queries for dQ), the descriptors of
+    the tiles it owns and walks."""
+    seq, d = q.shape[-2:]
     tiles = TILES[kernel][d]
     own_rows = tiles.block_m if kernel == "dq" else tiles.block_n
-    direct(_BACKWARD_KERNELS[kernel])[triton.cdiv(seq, own_rows), heads](
+    direct(_BACKWARD_KERNELS[kernel])[_grid(q, own_rows, kernel)](
         _descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
         _descriptor(v2, tiles.block_n), _descriptor(do2, tiles.block_m), *args, seq,
         d ** -0.5 * LOG2_E, d ** -0.5, HEAD_D=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
@@ -998,7 +1044,8 @@ def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor
     """dq, dk, dv from the forward's o and logsumexp, as `schedule` (BACKWARD_SCHEDULES) runs
     them. "split": the query-tile kernel (dQ, and D = rowsum(dO * O) for each of its rows), then
     the key-tile kernel (dK, dV), which reads D. "atomic": D alone, then the key-tile kernel,
-    which also adds each tile's share of dQ to fp32 rows atomically (slower on an H200)."""
+    which also adds each tile's share of dQ to fp32 rows with a TMA bulk reduction (no faster
+    on an H200: docs/measurements.md)."""
     _check_schedule(schedule, BACKWARD_SCHEDULES)
     if any(q.shape[-1] not in TILES[kernel] for kernel in BACKWARD_SCHEDULES[schedule]):
         raise ValueError(f"the {schedule} backward takes d in "
@@ -1009,17 +1056,18 @@ def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor
     dk, dv = torch.empty_like(k2), torch.empty_like(v2)
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
-    shape = {"seq": seq, "heads": batch * heads, "d": d, "is_causal": is_causal}
     if schedule == "split":
         dq = torch.empty_like(q2)
-        _launch_backward("dq", q2, k2, v2, do2, dq, o2, do2, lse, delta, **shape)
-        _launch_backward("dkdv", q2, k2, v2, do2, dq, dk, dv, lse, delta, **shape)
+        _launch_backward("dq", q, q2, k2, v2, do2, dq, o2, do2, lse, delta, is_causal=is_causal)
+        _launch_backward("dkdv", q, q2, k2, v2, do2, dq, dk, dv, lse, delta, is_causal=is_causal)
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
     tiles = TILES["delta"][d]
     direct(attention_delta_kernel)[triton.cdiv(seq, tiles.block_m), batch * heads](
         o2, do2, delta, seq, HEAD_D=d, BLOCK=tiles.block_m, num_warps=tiles.num_warps)
     dq = torch.zeros(q2.shape, dtype=torch.float32, device=q.device)
-    _launch_backward("dkdv-atomic", q2, k2, v2, do2, dq, dk, dv, lse, delta, **shape)
+    _launch_backward("dkdv-atomic", q, q2, k2, v2, do2,
+                     _descriptor(dq, TILES["dkdv-atomic"][d].block_m), dk, dv, lse, delta,
+                     is_causal=is_causal)
     return dq.to(q.dtype).view(q.shape), dk.view(k.shape), dv.view(v.shape)
 
 
@@ -1140,9 +1188,10 @@ def _signature(kernel: str, d: int, tiles: Tiles, dtype: torch.dtype) -> dict:
         return {**tensors, "o_ptr": f"*{name}", "lse_ptr": "*fp32", "seq": "i32",
                 "qk_scale": "fp32"}
     tensors["do_desc"] = descriptor(q_rows)
-    if kernel.startswith("dkdv"):   # dQ: the split one's unused, the atomic one's fp32
-        pointers = {"dq_ptr": "*fp32" if kernel == "dkdv-atomic" else f"*{name}",
-                    "dk_ptr": f"*{name}", "dv_ptr": f"*{name}"}
+    if kernel.startswith("dkdv"):   # dQ: the split one's unused, the atomic one's fp32 tiles
+        dq = (f"tensordesc<fp32[{q_rows}, {d}],{_shared_layout(q_rows, d, gl.float32)!r}>"
+              if kernel == "dkdv-atomic" else f"*{name}")
+        pointers = {"dq_desc": dq, "dk_ptr": f"*{name}", "dv_ptr": f"*{name}"}
     else:
         pointers = {"dq_ptr": f"*{name}", "o_ptr": f"*{name}", "do_ptr": f"*{name}"}
     return {**tensors, **pointers, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "seq": "i32",
