@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 
 from cs336_systems.records import read_record
 from cs336_systems.report.facts import read_facts, write_facts
@@ -47,11 +48,19 @@ def _steps(ms: float, jitter: float = 0.0) -> list[float]:
     return [ms - jitter, ms, ms + jitter]
 
 
+def _sustained(variant, ms, clock, capped=1.0, power=680.0):
+    return {"variant": variant, "steps": 600, "ms": ms, "gpu_samples": 30,
+            "sm_clock_mhz_median": clock, "sm_clock_mhz_max": 1980.0, "power_w_median": power,
+            "power_limit_w": 700.0, "power_capped_share": capped, "thermal_capped_share": 0.0}
+
+
 def _write(tmp_path: Path, ours_bwd=(2.4, 3.6), atomic_key=6.0, cudnn=(1.7, 4.6),
-           jitter=0.0, shape="16x16384x128", status="ok", skipped=(), gluon=None) -> str:
+           jitter=0.0, shape="16x16384x128", status="ok", skipped=(), gluon=None,
+           sustained=None) -> str:
     """A kernel profile record: ours's dQ and key-tile kernels, the atomic variant's key-tile
     kernel, cuDNN's forward and backward (plus its small dot(dO, O) kernel), SDPA flash's; with
-    `gluon` (forward, dQ, key-tile ms), the Gluon kernels'."""
+    `gluon` (forward, dQ, key-tile ms), the Gluon kernels'; with `sustained`, the back-to-back
+    runs' entries."""
     dq, key = ours_bwd
     kernels = [
         _kernel("flash-triton", "flash_fwd_kernel", _steps(2.0, jitter), 2),
@@ -82,8 +91,11 @@ def _write(tmp_path: Path, ours_bwd=(2.4, 3.6), atomic_key=6.0, cudnn=(1.7, 4.6)
               "config": {"shape": [int(x) for x in shape.split("x")], "precision": "bf16",
                          "causal": True, "steps": 3, "seed": 0},
               "metrics": {"kernels": kernels, "variants": variants, "binaries": BINARIES,
-                          "unit_tflop": UNIT_TFLOP, "needed_units": kernel_variants.NEEDED}
+                          "unit_tflop": UNIT_TFLOP, "needed_units": kernel_variants.NEEDED,
+                          **({"sustained": sustained} if sustained is not None else {})}
               if status == "ok" else {}}
+    if sustained is not None:
+        record["config"]["sustain_s"] = 3.0
     if status != "ok":
         record["message"] = "a profile of GPU kernels; this job runs on the CPU"
     path = tmp_path / f"{shape}.json"
@@ -266,3 +278,47 @@ def test_the_profile_names_every_gluon_kernel_flash_gluon_runs():
     assert set(kernel_variants.GLUON_KERNELS["forward"]) == forward
     assert set(kernel_variants.GLUON_KERNELS["backward"]) == backward
     assert set(kernel_variants.GLUON_MATMULS) == forward | backward
+
+
+def test_sustained_runs_split_the_time_into_clock_and_cycles(tmp_path):
+    runs = [_sustained("flash-gluon", 5.25, 1695.0), _sustained("sdpa-cudnn", 4.73, 1812.0),
+            _sustained("flash-triton", 5.15, 1717.0, capped=0.2)]
+    facts = _facts(tmp_path, [_write(tmp_path, gluon=(2.2, 2.0, 3.0), sustained=runs)])
+    su = facts["kernels"]["shapes"][0]["sustained"]
+    assert (su["variants"], su["power_capped"], su["power_limit_w"]) == (3, 2, 700.0)
+    gluon, ours = su["versus"]
+    assert gluon["time"]["ratio"] == pytest.approx(4.73 / 5.25)
+    assert gluon["clock_ratio"] == pytest.approx(1695 / 1812)
+    assert gluon["cycles_ratio"] == pytest.approx(5.25 * 1695 / (4.73 * 1812))
+    assert ours["clock_word"] == "lower"
+    text = _prose(tmp_path, facts)
+    assert "2 of the 3 implementations had the GPU's 700 W power limit hold back" in text
+    assert "Gluon FA2 (sm90) was 1.11x slower than SDPA cuDNN there, at 0.94x its clock " \
+        "(lower) and 1.04x its clock cycles a step" in text
+    assert "| Gluon FA2 (sm90) | 5.250 | 1695 | 680 | 100 |" in " ".join(text.split())
+
+
+def test_sustained_runs_are_said_only_where_the_gpu_was_sampled(tmp_path):
+    unsampled = [{"variant": "sdpa-cudnn", "steps": 60, "ms": 4.7,
+                  "gpu_state": "nvidia-smi is not on this machine's PATH"}]
+    for name, runs in (("a", unsampled), ("b", None)):
+        facts = _facts(tmp_path / name, [_write(_mkdir(tmp_path / name), sustained=runs)])
+        assert facts["kernels"]["shapes"][0]["sustained"] is None
+        assert "Run back to back" not in _prose(tmp_path / name, facts)
+    capped = [_sustained(v, 4.0, 1800.0) for v in ("flash-triton", "sdpa-cudnn")]
+    facts = _facts(tmp_path / "c", [_write(_mkdir(tmp_path / "c"), sustained=capped)])
+    assert "every one of the 2 implementations had the GPU's 700 W" in \
+        " ".join(_prose(tmp_path / "c", facts).split())
+
+
+def test_the_sustained_loop_runs_whole_batches_for_its_seconds(monkeypatch):
+    from cs336_systems.sections.flash import kernel_timings
+    calls = []
+    monkeypatch.setattr(kernel_timings, "IDLE_S", 0.0)
+    runs = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    out = kernel_timings.sustained(runs, 0.05, torch.device("cpu"))
+    assert [r["variant"] for r in out] == ["a", "b"]
+    for r in out:
+        assert r["steps"] == calls.count(r["variant"]) > 0
+        assert r["steps"] % kernel_timings.SUSTAINED_BATCH == 0 and r["ms"] > 0
+        assert r["gpu_state"] == "no GPU to sample on a cpu device"

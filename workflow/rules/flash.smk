@@ -123,7 +123,7 @@ rule flash_kernels:
         cli="cs336_systems.sections.flash.kernel_profile",
         args=lambda wildcards: {"shape": wildcards.shape, "precision": KERNELS["precision"],
                                 "causal": FLASH["causal"], "steps": KERNELS["steps"],
-                                "device": DEVICE},
+                                "sustain_s": KERNELS["sustain_s"], "device": DEVICE},
     resources:
         **measuring_job(),
     conda:

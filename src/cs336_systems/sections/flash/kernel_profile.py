@@ -13,7 +13,13 @@ from __future__ import annotations
 import argparse
 
 from cs336_systems.lm.precision import PRECISIONS
-from cs336_systems.pipeline.cli import parsed_config, positive_int, record_run, section_parser
+from cs336_systems.pipeline.cli import (
+    parsed_config,
+    positive_float,
+    positive_int,
+    record_run,
+    section_parser,
+)
 from cs336_systems.sections.flash.kernel_timings import measure
 from cs336_systems.sections.flash.targets import parse_shape
 
@@ -25,6 +31,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--steps", type=positive_int, default=5,
                         help="profiled forward+backward steps per variant")
+    parser.add_argument("--sustain-s", type=positive_float, default=3.0,
+                        help="seconds of back-to-back steps per variant under the GPU sampler")
     args = parser.parse_args(argv)
     config = {**parsed_config(args), "shape": list(args.shape)}
     return record_run("flash_kernels", args, measure, config)

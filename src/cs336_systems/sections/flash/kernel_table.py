@@ -189,6 +189,44 @@ def gluon_facts(passes: dict, binaries: dict) -> dict | None:
     return out or None
 
 
+def sustained_facts(record: dict) -> dict | None:
+    """The variants' steps run back to back (`kernel_timings.sustained`), where the GPU was
+    sampled: the table (ms a step, SM clock and power, medians, and the share of samples whose
+    clock the power limit held back); whether every variant ran power-capped (most samples);
+    and ours and the Gluon kernels against cuDNN: the time (`speedup`, ratio = cuDNN / ours),
+    the clock (ours / cuDNN) and the cycles a step (ms x MHz, ours / cuDNN), which split the
+    time's ratio into work and clock."""
+    runs = [r for r in record["metrics"].get("sustained", [])
+            if r.get("sm_clock_mhz_median") is not None]
+    if not runs:
+        return None
+    by_variant = {r["variant"]: r for r in runs}
+    table = pd.DataFrame([{
+        "implementation": variant_label(r["variant"]), "ms a step": fmt(r["ms"], 3),
+        "SM clock, MHz": fmt(r["sm_clock_mhz_median"], 0),
+        "power, W": fmt(r["power_w_median"], 0),
+        "samples power-capped, %": fmt(100 * r["power_capped_share"], 0)} for r in runs])
+    reference = by_variant.get(REFERENCE)
+    versus = []
+    for variant in (GLUON, OURS):
+        ours = by_variant.get(variant)
+        if ours is None or reference is None:
+            continue
+        clock = ours["sm_clock_mhz_median"] / reference["sm_clock_mhz_median"]
+        cycles = ours["ms"] * ours["sm_clock_mhz_median"] / (
+            reference["ms"] * reference["sm_clock_mhz_median"])
+        versus.append({"label": variant_label(variant),
+                       "time": facts.speedup(ours["ms"], reference["ms"]),
+                       "clock_ratio": clock, "clock_word": "lower" if clock < 1 else "higher",
+                       "cycles_ratio": cycles})
+    return {"table": tables.to_markdown(table), "seconds": record["config"].get("sustain_s"),
+            "variants": len(runs),
+            "power_capped": sum(r["power_capped_share"] > 0.5 for r in runs),
+            "power_limit_w": max(r["power_limit_w"] for r in runs),
+            "clock_max_mhz": max(r["sm_clock_mhz_max"] for r in runs),
+            "versus": versus}
+
+
 def shape_facts(record: dict) -> dict:
     base = _base(record)
     if record["status"] != "ok":
@@ -219,6 +257,7 @@ def shape_facts(record: dict) -> dict:
             if (PEER, "forward") in passes else None,
             "rates": rates, "recompute": recompute_facts(passes, record["metrics"]["binaries"]),
             "gluon": gluon_facts(passes, record["metrics"]["binaries"]),
+            "sustained": sustained_facts(record),
             "steps": len(record["metrics"]["kernels"][0]["step_ms"])
             if record["metrics"]["kernels"] else 0,
             "skipped": [{"label": variant_label(v["variant"]),

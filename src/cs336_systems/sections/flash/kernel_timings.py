@@ -7,18 +7,26 @@ torch.profiler capture, within a `record_function` range named after it and one 
 (`measure.profiling.kernel_table` gives each kernel's device time by range): each kernel's
 device milliseconds in each step, so that a table can show the spread from step to step.
 
-For each of our kernels (the Triton FA2's and the Gluon ones) the record also keeps what its compiled binary asks of a
-multiprocessor (warps, registers a thread, spilled registers, shared memory) and how many of
-its programs fit on one at once (`kernel_variants.occupancy`). A GPU-only job: on a CPU it
-records `skipped`.
+For each of our kernels (the Triton FA2's and the Gluon ones) the record also keeps what its
+compiled binary asks of a multiprocessor (warps, registers a thread, spilled registers, shared
+memory) and how many of its programs fit on one at once (`kernel_variants.occupancy`).
+
+Then each variant runs its steps back to back for `sustain_s` seconds, after an idle gap, while
+`measure.gpu_state` samples the GPU's clock and power (`sustained`): the profiled steps, each
+followed by a synchronisation, run in bursts that a board under its power cap can take at a
+higher clock than it holds through a sustained run, and a kernel that does more work a step
+spends more energy, which under the cap is time. A GPU-only job: on a CPU it records `skipped`.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
 from cs336_systems.lm.attention import get_attention, unavailable_reason
 from cs336_systems.lm.precision import PRECISIONS
+from cs336_systems.measure.gpu_state import GpuSampler
 from cs336_systems.measure.profiling import capture, kernel_table, trace_events
 from cs336_systems.measure.timing import synchronize
 from cs336_systems.pipeline.records import Skip
@@ -34,6 +42,10 @@ from cs336_systems.sections.flash.kernel_variants import (
 from cs336_systems.sections.flash.latency import attention_inputs
 
 WARMUP = 2
+# before each variant's sustained run, seconds of idle in which the board's power falls back
+IDLE_S = 2.0
+# steps between the sustained run's synchronisations (its clock is read after each batch)
+SUSTAINED_BATCH = 10
 
 
 def binaries() -> dict[str, dict]:
@@ -77,9 +89,10 @@ def _attend(attention: str, atomic: bool):
 
 
 def profile_variants(shape, dtype: torch.dtype, causal: bool, steps: int,
-                     device: torch.device) -> tuple[list[dict], list[dict]]:
-    """(kernels, variants): each kernel's time per step by variant, and each variant's status."""
-    q, k, v, grad_o = inputs = attention_inputs(shape, dtype, device)
+                     device: torch.device) -> tuple[list[dict], list[dict], dict]:
+    """(kernels, variants, runs): each kernel's time per step by variant, each variant's status,
+    and the step of each variant that ran."""
+    q, k, v, grad_o = attention_inputs(shape, dtype, device)
     runs, variants = {}, []
     for variant, (attention, atomic) in VARIANTS.items():
         if reason := unavailable_reason(attention, q, k, v, causal):
@@ -102,11 +115,32 @@ def profile_variants(shape, dtype: torch.dtype, causal: bool, steps: int,
                     with torch.profiler.record_function(name):
                         step()
                         synchronize(device)
-    del inputs
     events = trace_events(prof)
     rows = [row for row in kernel_table(events, {"variant": list(runs), "step": step_names})
             if row["variant"] and row["step"]]
-    return rows, variants
+    return rows, variants, runs
+
+
+def sustained(runs: dict, seconds: float, device: torch.device) -> list[dict]:
+    """Each variant's steps back to back for `seconds` (in batches of SUSTAINED_BATCH, whole
+    batches), after IDLE_S of idle: its wall milliseconds a step, and the GPU's clock and power
+    over the run (`GpuSampler`; where nvidia-smi cannot sample, the reason in `gpu_state`)."""
+    out = []
+    for variant, step in runs.items():
+        time.sleep(IDLE_S)
+        steps = 0
+        with GpuSampler(device) as sampler:
+            start = time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                for _ in range(SUSTAINED_BATCH):
+                    step()
+                synchronize(device)
+                steps += SUSTAINED_BATCH
+            elapsed = time.perf_counter() - start
+        out.append({"variant": variant, "steps": steps, "ms": elapsed / steps * 1e3,
+                    **sampler.metrics(), **({"gpu_state": sampler.reason} if sampler.reason
+                                            else {})})
+    return out
 
 
 def measure(config: dict, device: torch.device) -> dict:
@@ -115,7 +149,8 @@ def measure(config: dict, device: torch.device) -> dict:
     shape, dtype, causal, steps = (tuple(config["shape"]), PRECISIONS[config["precision"]],
                                    config["causal"], config["steps"])
     torch.manual_seed(config["seed"])
-    rows, variants = profile_variants(shape, dtype, causal, steps, device)
+    rows, variants, runs = profile_variants(shape, dtype, causal, steps, device)
+    runs_sustained = sustained(runs, config["sustain_s"], device)
     kernels = {}  # (variant, kernel) -> its entry, with its device ms in each step
     for row in rows:
         variant, kernel = row["variant"], row["kernel"]
@@ -128,4 +163,5 @@ def measure(config: dict, device: torch.device) -> dict:
         entry["calls"] += row["calls"]
         entry["step_ms"][int(row["step"].split()[-1])] += row["us"] / 1e3
     return {"kernels": list(kernels.values()), "variants": variants, "binaries": binaries(),
-            "unit_tflop": unit_flops(shape, causal) / 1e12, "needed_units": NEEDED}
+            "sustained": runs_sustained, "unit_tflop": unit_flops(shape, causal) / 1e12,
+            "needed_units": NEEDED}
