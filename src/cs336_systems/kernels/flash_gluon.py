@@ -924,10 +924,11 @@ TILES = {
              128: Tiles(block_m=64, block_n=64, num_warps=4)},
     "dq": {64: Tiles(block_m=64, block_n=64, stages=3, num_warps=4),
            128: Tiles(block_m=64, block_n=64, num_warps=4)},
-    # the split backward's key-tile tiles (220 registers): 3.76 to 4.28 ms of backward at
-    # 16 x 16384 over four probes, against the split one's 3.72 to 3.90 in the same processes
-    # (three slots: 3.76 and 3.79; 64 x 128 keys on eight warps: 4.79 and 5.08). d 64 only: at d 128 its fp32 dQ buffers and K, V, Q and dO tiles take 139 KiB of
-    # shared memory, a program an SM (10.2 ms against the split one's 6.3)
+    # the atomic backward's key-tile tiles (220 registers): 3.76 to 4.28 ms of backward at
+    # 16 x 16384 over four probes, against the split one's 3.73 to 3.90 in the same processes
+    # (three slots: 3.76 and 3.79; 64 x 128 keys on eight warps: 4.79 and 5.08). d 64 only:
+    # at d 128 its fp32 dQ buffers and K, V, Q and dO tiles take 139 KiB of shared memory, a
+    # program an SM (10.2 ms against the split one's 6.3)
     "dkdv-atomic": {64: Tiles(block_m=64, block_n=64, num_warps=4)},
     # block_m rows a program
     "delta": {64: Tiles(block_m=64, num_warps=4)},
