@@ -213,11 +213,12 @@ def sustained_facts(record: dict) -> dict | None:
         if ours is None or reference is None:
             continue
         clock = ours["sm_clock_mhz_median"] / reference["sm_clock_mhz_median"]
+        clock_word = "lower" if clock < 1 else "higher" if clock > 1 else "the same"
         cycles = ours["ms"] * ours["sm_clock_mhz_median"] / (
             reference["ms"] * reference["sm_clock_mhz_median"])
         versus.append({"label": variant_label(variant),
                        "time": facts.speedup(ours["ms"], reference["ms"]),
-                       "clock_ratio": clock, "clock_word": "lower" if clock < 1 else "higher",
+                       "clock_ratio": clock, "clock_word": clock_word,
                        "cycles_ratio": cycles})
     return {"table": tables.to_markdown(table), "seconds": record["config"].get("sustain_s"),
             "variants": len(runs),
