@@ -46,6 +46,8 @@ CANDIDATES = {
                    Tiles(64, 128, 2, 8), Tiles(32, 64, 2, 4)]},
     # the key-tile kernel adding dQ atomically (d 64 only: it spills at 128)
     "dkdv-atomic": {64: [Tiles(64, 64, 2, 4), Tiles(64, 64, 3, 4), Tiles(64, 128, 2, 8)]},
+    # the warp-specialized one: block_n keys over two consumer warpgroups, 168 registers at launch
+    "dkdv-specialized": {64: [Tiles(64, 128, 2, 4, 168), Tiles(64, 128, 3, 4, 168)]},
     "dq": {64: [Tiles(128, 64, 2, 8), Tiles(128, 128, 2, 8), Tiles(64, 64, 2, 4),
                 Tiles(64, 128, 2, 4), Tiles(64, 64, 3, 4)],
            128: [Tiles(64, 64, 2, 4), Tiles(128, 64, 2, 8), Tiles(64, 64, 3, 4),
@@ -65,10 +67,12 @@ def sweep(heads: int, seq: int, d: int, kernels: list[str]) -> list[dict]:
         "forward-specialized": (lambda: fg.flash_gluon_forward(q, k, v, True, "specialized"),
                                 (o,)),
         "forward-pingpong": (lambda: fg.flash_gluon_forward(q, k, v, True, "pingpong"), (o,)),
-        "dkdv": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True), grads),
-        "dq": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True), grads),
+        "dkdv": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True, "split"), grads),
+        "dq": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True, "split"), grads),
         "dkdv-atomic": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True, "atomic"),
                         grads),
+        "dkdv-specialized": (lambda: fg.flash_gluon_backward(q, k, v, o, lse, grad_o, True,
+                                                             "specialized"), grads),
     }
     rows = []
     for kernel in kernels:

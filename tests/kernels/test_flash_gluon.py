@@ -9,6 +9,7 @@ import torch
 
 from cs336_systems.kernels.flash_gluon import (
     BACKWARD_SCHEDULES,
+    DEFAULT_BACKWARD_SCHEDULES,
     DEFAULT_SCHEDULES,
     KERNELS,
     LOADER_WARPS,
@@ -35,28 +36,35 @@ def test_compiles_for_hopper_without_spilling(kernel, d):
     # the registers a thread may have with its warps in one block of 64K (a loader partition's
     # warps count as a warpgroup of four: registers are allotted by warpgroup)
     warps = TILES[kernel][d].num_warps + {"forward-specialized": 4 * LOADER_WARPS,
-                                          "forward-pingpong": 4 + 4 * LOADER_WARPS}.get(kernel, 0)
+                                          "forward-pingpong": 4 + 4 * LOADER_WARPS,
+                                          "dkdv-specialized": 4 + 4 * LOADER_WARPS}.get(kernel, 0)
     assert usage["registers"] <= min(255, 65536 // (32 * warps)), usage
 
 
 def test_an_unknown_kernel_says_which_there_are():
     with pytest.raises(ValueError, match="allowed: forward, forward-overlap, "
                                          "forward-specialized, forward-pingpong, dkdv, dq, "
-                                         "dkdv-atomic, delta"):
+                                         "dkdv-atomic, dkdv-specialized, delta"):
         compile_for_sm90("backward", 64, True)
 
 
 def test_every_head_dimension_has_each_default_schedules_tiles():
     """flash-gluon runs the default schedules at every supported d; the others say which they
-    take (the atomic backward, d 64: at 128 its key-tile kernel spills)."""
+    take (the atomic and specialized backwards, d 64: at 128 their key-tile kernels spill)."""
     assert set(DEFAULT_SCHEDULES) == set(SUPPORTED_HEAD_DIMS)
+    assert set(DEFAULT_BACKWARD_SCHEDULES) == set(SUPPORTED_HEAD_DIMS)
     for d, schedule in DEFAULT_SCHEDULES.items():
         assert d in TILES[SCHEDULES[schedule]], (d, schedule)
+    for d, schedule in DEFAULT_BACKWARD_SCHEDULES.items():
+        for kernel in BACKWARD_SCHEDULES[schedule]:
+            assert d in TILES[kernel], (d, schedule, kernel)
     for kernel in BACKWARD_SCHEDULES["split"]:
         assert set(TILES[kernel]) == set(SUPPORTED_HEAD_DIMS), kernel
     q = torch.randn(1, 1, 16, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"the atomic backward takes d in \(64,\); got 128"):
-        flash_gluon_backward(q, q, q, q, q[..., 0].float(), q, True, "atomic")
+    for schedule in ("atomic", "specialized"):
+        with pytest.raises(ValueError, match=rf"the {schedule} backward takes d in \(64,\); "
+                                             "got 128"):
+            flash_gluon_backward(q, q, q, q, q[..., 0].float(), q, True, schedule)
     with pytest.raises(ValueError, match="allowed: split, atomic"):
         flash_gluon_backward(q, q, q, q, q[..., 0].float(), q, True, "fused")
 
@@ -104,7 +112,7 @@ def test_gradients_match_float64(schedule, d, seq, is_causal):
     q, k, v = (torch.randn(2, 3, seq, d, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for _ in range(3))
     grad_o = torch.randn(2, 3, seq, d, device="cuda", dtype=torch.bfloat16)
-    if schedule == "split":   # the default, through the autograd function
+    if schedule == DEFAULT_BACKWARD_SCHEDULES[d]:   # through the autograd function
         FlashAttentionGluon.apply(q, k, v, is_causal).backward(grad_o)
         got = [t.grad for t in (q, k, v)]
     else:

@@ -268,13 +268,14 @@ def test_faster_gluon_kernels_say_so_and_absent_ones_say_nothing(tmp_path):
 
 
 def test_the_profile_names_every_gluon_kernel_flash_gluon_runs():
-    """Each forward schedule's kernel and the split backward's: the profile counts their matmul
-    units and reads their binaries by these names."""
+    """Each forward schedule's kernel and the default backward schedules': the profile counts
+    their matmul units and reads their binaries by these names."""
     from cs336_systems.kernels import flash_gluon
     forward = {flash_gluon._FORWARD_KERNELS[kernel].__name__
                for kernel in flash_gluon.SCHEDULES.values()}
     backward = {flash_gluon._BACKWARD_KERNELS[kernel].__name__
-                for kernel in flash_gluon.BACKWARD_SCHEDULES["split"]}
+                for schedule in flash_gluon.DEFAULT_BACKWARD_SCHEDULES.values()
+                for kernel in flash_gluon.BACKWARD_SCHEDULES[schedule]}
     assert set(kernel_variants.GLUON_KERNELS["forward"]) == forward
     assert set(kernel_variants.GLUON_KERNELS["backward"]) == backward
     assert set(kernel_variants.GLUON_MATMULS) == forward | backward

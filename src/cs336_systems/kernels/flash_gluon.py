@@ -6,18 +6,19 @@ the compiler. The forward comes in four schedules (`SCHEDULES`): each wgmma wait
 tile's S and this tile's P V (`overlapped`), FlashAttention-3's warp specialization, a loader
 warp issuing every TMA load while the other warps compute (`specialized`), and the same with
 two consumer warpgroups taking turns at the tensor cores, each overlapping its softmax with its
-own P V (`pingpong`, the default at d 128; `DEFAULT_SCHEDULES`). The backward comes in two
+own P V (`pingpong`, the default at d 128; `DEFAULT_SCHEDULES`). The backward comes in three
 (`BACKWARD_SCHEDULES`): a query-tile kernel for dQ and a key-tile kernel for dK and dV
-(`split`, the default), or the key-tile kernel adding each tile's dQ with TMA bulk
-reductions (`atomic`, d 64: on an H200 as fast as `split` at 16384 and slower at 4096).
-`lm.attention` registers the default as the attention choice `flash-gluon` (the Triton FA2
-where these kernels cannot take the inputs); torch.compile sees two custom operators,
-`cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd`. The backward's warps all load and
-compute.
+(`split`, the default at d 128), the key-tile kernel adding each tile's dQ with TMA bulk
+reductions (`atomic`, d 64: on an H200 as fast as `split` at 16384 and slower at 4096), or
+FlashAttention-3's warp specialization of that kernel, a loader warp and two consumer
+warpgroups, each owning half the program's keys (`specialized`, d 64, the default there;
+`DEFAULT_BACKWARD_SCHEDULES`). `lm.attention` registers the defaults as the attention choice
+`flash-gluon` (the Triton FA2 where these kernels cannot take the inputs); torch.compile sees
+two custom operators, `cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd`.
 
     o, lse = flash_gluon_forward(q, k, v, is_causal)        # (batch, heads, seq, d)
     o, lse = flash_gluon_forward(q, k, v, is_causal, "pingpong")  # or "waited", "overlapped"...
-    dq, dk, dv = flash_gluon_backward(q, k, v, o, lse, do, is_causal)   # or ..., "atomic")
+    dq, dk, dv = flash_gluon_backward(q, k, v, o, lse, do, is_causal)   # or ..., "split")
     o = FlashAttentionGluon.apply(q, k, v, is_causal)       # both, as an autograd function
 
 q, k and v share one shape (self-attention, no grouped heads), bf16 or fp16, d 64 or 128
@@ -35,7 +36,9 @@ key-tile kernel owns BLOCK_N keys and walks the query tiles that see them for dK
 (computing S^T and dP^T, so that keys are the rows of every product). In the atomic schedule,
 program (bh, m) of the first launch computes D alone, and the key-tile kernel's programs add
 dS K for each query tile they walk to that tile's dQ rows (fp32), one TMA bulk reduction a
-tile, as FlashAttention-3 does. A program's compute warps are num_warps // 4 warpgroups, which
+tile, as FlashAttention-3 does; in the specialized schedule, program (n, bh) owns 2 x 64 keys,
+64 to each consumer warpgroup, the first of which computes and adds the tile's dQ over all of
+them once both have written their dS^T to shared memory. A program's compute warps are num_warps // 4 warpgroups, which
 split the rows of each wgmma. Heads vary fastest over the grid, and under the causal mask the
 query-tile kernels take their tiles last first: the programs with the most key tiles start
 first and the shortest fill the tail (`_query_tile`).
@@ -85,6 +88,9 @@ from cs336_systems.kernels.launch import direct, eager_on_plain_tensors
 
 # Triton 3.6 (torch 2.11's) names the TMA load async_copy_global_to_shared, later ones async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# ... and the barrier of a program's warps (of a partition's, in a warp-specialized kernel)
+# thread_barrier, later ones barrier
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 @builtin
@@ -821,9 +827,171 @@ def attention_delta_kernel(o_ptr, do_ptr, delta_ptr, seq, HEAD_D: gl.constexpr,
     gl.store(delta_ptr + head_row + rows, delta, mask=rows < seq)
 
 
+# --- backward, warp-specialized (FlashAttention-3's producer and consumers, five products) ----
+# A program owns BLOCK_N keys, BLOCK_N // 2 to each of two consumer warpgroups, and walks the
+# query tiles that see them; a loader warp issues every TMA load. Each consumer computes its
+# keys' S^T and dP^T, then P^T and dS^T, adds P^T dO to dV and dS^T Q to dK from registers, and
+# writes its dS^T rows to shared memory. Once both halves are there, the first consumer computes
+# the tile's dQ = dS K over all BLOCK_N keys (FlashAttention-4's dQ_single_wg) and adds it to
+# dQ's fp32 rows with one TMA bulk reduction: half the reductions of the atomic schedule, whose
+# programs own half the keys. Barriers: kv_ready (K and V landed); q_ready and q_empty, a ring
+# slot each (Q and dO landed; both consumers done with them); ds_ready, a dS^T buffer each (both
+# halves written). A consumer waits for both halves of a tile before its next tile, so with two
+# dS^T buffers it never overwrites one the first consumer still reads.
+
+
+@gluon.jit
+def _dkdv_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready,
+                   q_empty, ds_ready, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, head_row,
+                   start_n, first, n_tiles, seq, qk_scale, sm_scale, CONSUMER: gl.constexpr,
+                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """Consumer CONSUMER (0 or 1): keys start_n + CONSUMER * BLOCK_N // 2 onwards, their dK and
+    dV over the walked query tiles (transposed products, as `_dkdv_tile`); the first consumer
+    also each tile's dQ, through the two dQ buffers in turn."""
+    KEYS: gl.constexpr = BLOCK_N // 2
+    layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, HEAD_D, 4)     # the consumer's keys by...
+    st_layout: gl.constexpr = layouts[0]                            # ...the walked queries
+    acc_layout: gl.constexpr = layouts[1]                           # ...d (dK, dV; dQ's rows)
+    op_layout: gl.constexpr = layouts[2]                            # P^T, dS^T as A operands
+    dtype: gl.constexpr = q_smem.dtype
+    my_k = k_smem.slice(CONSUMER * KEYS, KEYS)
+    my_v = v_smem.slice(CONSUMER * KEYS, KEYS)
+    my_start = start_n + CONSUMER * KEYS
+    zero = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)
+    dk = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
+    dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
+    mbarrier.wait(kv_ready, 0)
+
+    for j in range(n_tiles):
+        slot = j % STAGES
+        buf = j % 2
+        start_m = (first + j) * BLOCK_M
+        # as in attention_dkdv_kernel's atomic schedule, for the program's keys
+        needs_mask = (start_m + BLOCK_M > seq) | (start_n + BLOCK_N > seq)
+        if CAUSAL:
+            needs_mask = needs_mask | (start_m < start_n + BLOCK_N)
+        rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))   # queries
+        q_tile = q_smem.index(slot)
+        do_tile = do_smem.index(slot)
+        mbarrier.wait(q_ready.index(slot), (j // STAGES) & 1)
+        st = warpgroup_mma(my_k, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(my_v, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+        lse2 = gl.load(lse_ptr + head_row + rows, mask=rows < seq, other=0.0) * LOG2_E_GL
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        pt = gl.exp2(st * qk_scale - lse2[None, :])
+        if needs_mask:
+            pt = _mask_walked(pt, my_start, start_m, seq, 0.0, st_layout, KEYS, BLOCK_M, False,
+                              CAUSAL, True)
+        delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
+        dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
+        dst = (pt * (dpt - delta[None, :])).to(dtype)
+        dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_tile, dv,
+                           is_async=True)
+        dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_tile, dk, is_async=True)
+        # this consumer's dS^T rows into the tile's buffer; dQ once both halves are there
+        ds_tile = ds_smem.index(buf)
+        ds_tile.slice(CONSUMER * KEYS, KEYS).store(dst)
+        fence_async_shared()
+        _barrier()                      # every thread's rows written before the one arrive
+        mbarrier.arrive(ds_ready.index(buf), count=1)
+        mbarrier.wait(ds_ready.index(buf), (j // 2) & 1)
+        if CONSUMER == 0:
+            dq = warpgroup_mma(ds_tile.permute((1, 0)), k_smem,
+                               gl.zeros([BLOCK_M, HEAD_D], gl.float32, acc_layout),
+                               use_acc=False, is_async=True)
+            dq, dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dq, dv, dk))
+            mbarrier.arrive(q_empty.index(slot), count=1)
+            tma.store_wait(1)           # the reduction of two tiles ago has read this buffer
+            dq_smem.index(buf).store(dq * sm_scale)
+            fence_async_shared()
+            _barrier()
+            _tma_add(dq_desc, [head_row + start_m, 0], dq_smem.index(buf))
+        else:
+            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+            mbarrier.arrive(q_empty.index(slot), count=1)
+
+    tma.store_wait(0)
+    _store_rows(dk_ptr, dk * sm_scale, head_row, my_start, seq, acc_layout, HEAD_D, KEYS)
+    _store_rows(dv_ptr, dv, head_row, my_start, seq, acc_layout, HEAD_D, KEYS)
+
+
+@gluon.jit
+def _dkdv_load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
+                         kv_ready, q_ready, q_empty, head_row, start_n, first, n_tiles,
+                         BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """The producer: the program's K and V, then each walked query tile's Q and dO into its
+    ring slot once both consumers have released the slot's previous tile."""
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    _tma_load(k_desc, [head_row + start_n, 0], kv_ready, k_smem)
+    _tma_load(v_desc, [head_row + start_n, 0], kv_ready, v_smem)
+    for j in range(n_tiles):
+        mbarrier.wait(q_empty.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
+        _issue_pair(q_desc, do_desc, q_smem, do_smem, q_ready, head_row + (first + j) * BLOCK_M,
+                    j, STAGES)
+
+
+@gluon.jit
+def attention_dkdv_specialized_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr,
+                                      lse_ptr, delta_ptr, seq, qk_scale, sm_scale,
+                                      HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                                      CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
+    pid_n = gl.program_id(0)            # which BLOCK_N keys
+    bh = gl.program_id(1)               # which (batch, head)
+    head_row = bh * seq
+    start_n = pid_n * BLOCK_N
+    first = 0                           # the query tiles that see these keys
+    if CAUSAL:
+        first = start_n // BLOCK_M
+    n_tiles = gl.cdiv(seq, BLOCK_M) - first
+
+    dtype: gl.constexpr = q_desc.dtype
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    q_smem, do_smem, q_ready = _ring_pair(q_desc, do_desc, STAGES)
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_empty.index(i), count=2)    # both consumers release each tile
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
+                                        _shared_tile(BLOCK_N, BLOCK_M, dtype))
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=2)   # both consumers write their halves
+    # two buffers of a tile's fp32 dQ, which the first consumer's TMA reductions read
+    dq_smem = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape,
+                                        dq_desc.layout)
+
+    gl.warp_specialize([
+        (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready,
+                          q_empty, ds_ready, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
+                          head_row, start_n, first, n_tiles, seq, qk_scale, sm_scale, 0, HEAD_D,
+                          BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready,
+                          q_empty, ds_ready, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
+                          head_row, start_n, first, n_tiles, seq, qk_scale, sm_scale, 1, HEAD_D,
+                          BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        (_dkdv_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem,
+                                do_smem, kv_ready, q_ready, q_empty, head_row, start_n, first,
+                                n_tiles, BLOCK_M, STAGES)),
+    ], [num_warps, LOADER_WARPS], [PINGPONG_REGISTERS, LOADER_REGISTERS])
+
+    mbarrier.invalidate(kv_ready)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(q_ready.index(i))
+        mbarrier.invalidate(q_empty.index(i))
+    for i in gl.static_range(2):
+        mbarrier.invalidate(ds_ready.index(i))
+
+
 # the backward's kernels of KERNELS (the key-tile kernel with dQ added atomically or not)
 _BACKWARD_KERNELS = {"dq": attention_dq_kernel, "dkdv": attention_dkdv_kernel,
-                     "dkdv-atomic": attention_dkdv_kernel, "delta": attention_delta_kernel}
+                     "dkdv-atomic": attention_dkdv_kernel,
+                     "dkdv-specialized": attention_dkdv_specialized_kernel,
+                     "delta": attention_delta_kernel}
 
 
 @gluon.jit
@@ -880,7 +1048,7 @@ class Tiles:
 
 
 KERNELS = ("forward", "forward-overlap", "forward-specialized", "forward-pingpong", "dkdv", "dq",
-           "dkdv-atomic", "delta")
+           "dkdv-atomic", "dkdv-specialized", "delta")
 # the forward's schedules, each the kernel of KERNELS that runs it: each wgmma waited for
 # (FlashAttention-2's), FlashAttention-3's overlap inside a warpgroup, FlashAttention-3's
 # producer and consumer warps (a loader warp and the compute warps), and its ping-pong (a loader
@@ -895,9 +1063,15 @@ DEFAULT_SCHEDULES = {64: "waited", 128: "pingpong"}
 PROGRAM_QUERY_TILES = {"forward-pingpong": 2}
 # the backward's, each its kernels of KERNELS in launch order: the query-tile kernel (dQ and D)
 # then the key-tile kernel (dK, dV), FlashAttention-2's five products and two more (S and dP
-# for dQ); or D alone, then the key-tile kernel adding each tile's dQ with a TMA bulk
-# reduction, five products (FlashAttention-3's dQ)
-BACKWARD_SCHEDULES = {"split": ("dq", "dkdv"), "atomic": ("delta", "dkdv-atomic")}
+# for dQ); or D alone, then a key-tile kernel adding each tile's dQ with a TMA bulk reduction,
+# five products (FlashAttention-3's dQ): every warp loading and computing (atomic), or a loader
+# warp and two consumer warpgroups (specialized)
+BACKWARD_SCHEDULES = {"split": ("dq", "dkdv"), "atomic": ("delta", "dkdv-atomic"),
+                      "specialized": ("delta", "dkdv-specialized")}
+# the schedule a backward runs unless told, per head dim: the fastest on an H200 (docs/
+# measurements.md, "The warp-specialized Gluon backward"): at d 64 the specialized backward
+# took 0.84x to 0.89x split's time at 16384 and 65536 and tied it at 4096
+DEFAULT_BACKWARD_SCHEDULES = {64: "specialized", 128: "split"}
 # Per kernel and head dim: the fastest tiles of scripts/sweep_gluon.py on an H200 at 16 heads
 # of 16384 causal bf16 (Triton 3.6), each compiling for sm90a within shared memory
 # (compile_for_sm90): at d 64 four warps with two or three programs an SM beat eight warps with
@@ -930,8 +1104,14 @@ TILES = {
     # at d 128 its fp32 dQ buffers and K, V, Q and dO tiles take 139 KiB of shared memory, a
     # program an SM (10.2 ms against the split one's 6.3)
     "dkdv-atomic": {64: Tiles(block_m=64, block_n=64, num_warps=4)},
+    # block_n keys a program, half to each consumer warpgroup (num_warps each); the launch's 168
+    # registers a thread over three warpgroups, the consumers then taking 240 and the loader 24.
+    # d 64 only: 3.12 to 3.37 ms of backward at 16 x 16384 against split's 3.72 to 3.81 and
+    # cuDNN's 3.17 to 3.21 in the same processes. At d 128 it spills (112 to 304 bytes) and was
+    # slower than split but at 16384 (docs/measurements.md)
+    "dkdv-specialized": {64: Tiles(block_m=64, block_n=128, num_warps=4, max_registers=168)},
     # block_m rows a program
-    "delta": {64: Tiles(block_m=64, num_warps=4)},
+    "delta": {64: Tiles(block_m=64, num_warps=4), 128: Tiles(block_m=64, num_warps=4)},
 }
 
 
@@ -1019,7 +1199,7 @@ def _schedule_constants(kernel: str) -> dict:
     """The constexprs that pick a kernel's schedule, in its arguments' order."""
     if kernel in ("forward", "forward-overlap"):
         return {"OVERLAP": kernel == "forward-overlap"}
-    if kernel.startswith("dkdv"):
+    if kernel in ("dkdv", "dkdv-atomic"):
         return {"ATOMIC_DQ": kernel == "dkdv-atomic"}
     return {}
 
@@ -1040,14 +1220,18 @@ def _launch_backward(kernel: str, q: Tensor, q2, k2, v2, do2, *args, is_causal: 
 
 
 def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
-                         grad_o: Tensor, is_causal: bool = False, schedule: str = "split"
+                         grad_o: Tensor, is_causal: bool = False, schedule: str | None = None
                          ) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv from the forward's o and logsumexp, as `schedule` (BACKWARD_SCHEDULES) runs
-    them. "split": the query-tile kernel (dQ, and D = rowsum(dO * O) for each of its rows), then
-    the key-tile kernel (dK, dV), which reads D. "atomic": D alone, then the key-tile kernel,
-    which also adds each tile's share of dQ to fp32 rows with a TMA bulk reduction (no faster
-    on an H200: docs/measurements.md)."""
-    _check_schedule(schedule, BACKWARD_SCHEDULES)
+    """dq, dk, dv from the forward's o and logsumexp, as `schedule` (BACKWARD_SCHEDULES; by
+    default the head dim's of DEFAULT_BACKWARD_SCHEDULES) runs them. "split": the query-tile
+    kernel (dQ, and D = rowsum(dO * O) for each of its rows), then the key-tile kernel (dK, dV),
+    which reads D. "atomic" and "specialized": D alone, then a key-tile kernel which also adds
+    each tile's dQ to fp32 rows with TMA bulk reductions, its warps all loading and computing
+    (no faster than split on an H200) or a loader warp and two consumer warpgroups
+    (docs/measurements.md)."""
+    if schedule is not None:
+        _check_schedule(schedule, BACKWARD_SCHEDULES)
+    schedule = schedule or DEFAULT_BACKWARD_SCHEDULES.get(q.shape[-1], "split")
     if any(q.shape[-1] not in TILES[kernel] for kernel in BACKWARD_SCHEDULES[schedule]):
         raise ValueError(f"the {schedule} backward takes d in "
                          f"{tuple(TILES[BACKWARD_SCHEDULES[schedule][-1]])}; got {q.shape[-1]}")
@@ -1066,8 +1250,9 @@ def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor
     direct(attention_delta_kernel)[triton.cdiv(seq, tiles.block_m), batch * heads](
         o2, do2, delta, seq, HEAD_D=d, BLOCK=tiles.block_m, num_warps=tiles.num_warps)
     dq = torch.zeros(q2.shape, dtype=torch.float32, device=q.device)
-    _launch_backward("dkdv-atomic", q, q2, k2, v2, do2,
-                     _descriptor(dq, TILES["dkdv-atomic"][d].block_m), dk, dv, lse, delta,
+    kernel = BACKWARD_SCHEDULES[schedule][-1]
+    _launch_backward(kernel, q, q2, k2, v2, do2,
+                     _descriptor(dq, TILES[kernel][d].block_m), dk, dv, lse, delta,
                      is_causal=is_causal)
     return dq.to(q.dtype).view(q.shape), dk.view(k.shape), dv.view(v.shape)
 
@@ -1191,7 +1376,7 @@ def _signature(kernel: str, d: int, tiles: Tiles, dtype: torch.dtype) -> dict:
     tensors["do_desc"] = descriptor(q_rows)
     if kernel.startswith("dkdv"):   # dQ: the split one's unused, the atomic one's fp32 tiles
         dq = (f"tensordesc<fp32[{q_rows}, {d}],{_shared_layout(q_rows, d, gl.float32)!r}>"
-              if kernel == "dkdv-atomic" else f"*{name}")
+              if kernel != "dkdv" else f"*{name}")
         pointers = {"dq_desc": dq, "dk_ptr": f"*{name}", "dv_ptr": f"*{name}"}
     else:
         pointers = {"dq_ptr": f"*{name}", "o_ptr": f"*{name}", "do_ptr": f"*{name}"}

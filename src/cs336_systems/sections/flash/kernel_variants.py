@@ -6,8 +6,8 @@ Work is counted in matmul units: one (seq x seq x d) product per head, halved un
 mask (2 * batch * seq^2 * d * 0.5 FLOPs). The forward needs 2 (Q K^T, P V), the backward 5 (Q K^T,
 dO V^T, dV, dK, dQ). Our kernels' own counts (`OUR_MATMULS`) say what each executes: the
 deterministic backward recomputes Q K^T and dO V^T in its dQ kernel, 7 in all, and so does the
-Gluon one's. SDPA's kernels
-get the units their pass needs, since how they split them is not ours to know. So each pass has
+Gluon split one's (the default at d 128); the Gluon specialized one (d 64) executes the 5.
+SDPA's kernels get the units their pass needs, since how they split them is not ours to know. So each pass has
 a needed rate (needed units over its time) and each of our kernels an executed one.
 """
 
@@ -28,13 +28,17 @@ OUR_MATMULS = {"flash_fwd_kernel": 2, "flash_bwd_dq_kernel": 3, "flash_bwd_prepa
                "flash_bwd_kernel": 4}
 OUR_MATMULS_ATOMIC = {**OUR_MATMULS, "flash_bwd_kernel": 5}  # it adds dS K into dQ too
 # the Gluon kernels (kernels/flash_gluon.py) by pass: a forward kernel a schedule (the waited and
-# overlapped schedules share one; the head dim picks the default), and the split backward's two
+# overlapped schedules share one; the head dim picks the default), and the kernels of the
+# default backward schedules (the head dim picks): the split one's two, the specialized one's
 GLUON_KERNELS = {"forward": ("attention_fwd_kernel", "attention_fwd_specialized_kernel",
                              "attention_fwd_pingpong_kernel"),
-                 "backward": ("attention_dq_kernel", "attention_dkdv_kernel")}
-# ... and their matmul units: the dQ kernel recomputes S and dP, as ours does
+                 "backward": ("attention_dq_kernel", "attention_dkdv_kernel",
+                              "attention_delta_kernel", "attention_dkdv_specialized_kernel")}
+# ... and their matmul units: the split dQ kernel recomputes S and dP, as ours does; the
+# specialized key-tile kernel does the five once
 GLUON_MATMULS = {**dict.fromkeys(GLUON_KERNELS["forward"], 2), "attention_dq_kernel": 3,
-                 "attention_dkdv_kernel": 4}
+                 "attention_dkdv_kernel": 4, "attention_delta_kernel": 0,
+                 "attention_dkdv_specialized_kernel": 5}
 # variant -> the matmul units each of its kernels executes (the variants whose kernels are ours)
 MATMULS = {"flash-triton": OUR_MATMULS, "flash-triton-atomic-dq": OUR_MATMULS_ATOMIC,
            "flash-gluon": GLUON_MATMULS}
