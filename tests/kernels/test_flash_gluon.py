@@ -19,6 +19,7 @@ from cs336_systems.kernels.flash_gluon import (
     FlashAttentionGluon,
     check_inputs,
     compile_for_sm90,
+    default_backward_schedule,
     flash_gluon_backward,
     flash_gluon_forward,
 )
@@ -55,9 +56,11 @@ def test_every_head_dimension_has_each_default_schedules_tiles():
     assert set(DEFAULT_BACKWARD_SCHEDULES) == set(SUPPORTED_HEAD_DIMS)
     for d, schedule in DEFAULT_SCHEDULES.items():
         assert d in TILES[SCHEDULES[schedule]], (d, schedule)
-    for d, schedule in DEFAULT_BACKWARD_SCHEDULES.items():
-        for kernel in BACKWARD_SCHEDULES[schedule]:
-            assert d in TILES[kernel], (d, schedule, kernel)
+    for d, by_length in DEFAULT_BACKWARD_SCHEDULES.items():
+        assert 0 in by_length, d          # every length has a default
+        for schedule in by_length.values():
+            for kernel in BACKWARD_SCHEDULES[schedule]:
+                assert d in TILES[kernel], (d, schedule, kernel)
     for kernel in BACKWARD_SCHEDULES["split"]:
         assert set(TILES[kernel]) == set(SUPPORTED_HEAD_DIMS), kernel
     q = torch.randn(1, 1, 16, 128, dtype=torch.bfloat16)
@@ -112,7 +115,7 @@ def test_gradients_match_float64(schedule, d, seq, is_causal):
     q, k, v = (torch.randn(2, 3, seq, d, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for _ in range(3))
     grad_o = torch.randn(2, 3, seq, d, device="cuda", dtype=torch.bfloat16)
-    if schedule == DEFAULT_BACKWARD_SCHEDULES[d]:   # through the autograd function
+    if schedule == default_backward_schedule(d, seq):   # through the autograd function
         FlashAttentionGluon.apply(q, k, v, is_causal).backward(grad_o)
         got = [t.grad for t in (q, k, v)]
     else:
@@ -123,6 +126,31 @@ def test_gradients_match_float64(schedule, d, seq, is_causal):
     _reference(q64, k64, v64, is_causal)[0].backward(grad_o.double())
     for name, g, ref in zip("qkv", got, (q64.grad, k64.grad, v64.grad)):
         error = (g.double() - ref).norm() / ref.norm()
+        assert error < 2e-2, f"d{name}: relative error {error:.3g}"
+
+
+def test_the_default_backward_is_specialized_for_long_sequences_at_d64():
+    assert [default_backward_schedule(64, seq) for seq in (1, 4096, 8191, 8192, 65536)] == [
+        "split", "split", "split", "specialized", "specialized"]
+    assert {default_backward_schedule(128, seq) for seq in (1, 8192, 65536)} == {"split"}
+
+
+@needs_hopper
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_the_autograd_function_takes_the_long_default_backward(is_causal):
+    """At 8192 keys and d 64 the autograd function runs the specialized backward: its
+    gradients against float64 (one head, so that the reference's scores fit)."""
+    torch.manual_seed(8192)
+    seq = max(length for length in DEFAULT_BACKWARD_SCHEDULES[64])
+    q, k, v = (torch.randn(1, 1, seq + 3, 64, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    grad_o = torch.randn(1, 1, seq + 3, 64, device="cuda", dtype=torch.bfloat16)
+    assert default_backward_schedule(64, seq + 3) == "specialized"
+    FlashAttentionGluon.apply(q, k, v, is_causal).backward(grad_o)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    _reference(q64, k64, v64, is_causal)[0].backward(grad_o.double())
+    for name, t, ref in zip("qkv", (q, k, v), (q64.grad, k64.grad, v64.grad)):
+        error = (t.grad.double() - ref).norm() / ref.norm()
         assert error < 2e-2, f"d{name}: relative error {error:.3g}"
 
 

@@ -274,7 +274,8 @@ def test_the_profile_names_every_gluon_kernel_flash_gluon_runs():
     forward = {flash_gluon._FORWARD_KERNELS[kernel].__name__
                for kernel in flash_gluon.SCHEDULES.values()}
     backward = {flash_gluon._BACKWARD_KERNELS[kernel].__name__
-                for schedule in flash_gluon.DEFAULT_BACKWARD_SCHEDULES.values()
+                for by_length in flash_gluon.DEFAULT_BACKWARD_SCHEDULES.values()
+                for schedule in by_length.values()
                 for kernel in flash_gluon.BACKWARD_SCHEDULES[schedule]}
     assert set(kernel_variants.GLUON_KERNELS["forward"]) == forward
     assert set(kernel_variants.GLUON_KERNELS["backward"]) == backward

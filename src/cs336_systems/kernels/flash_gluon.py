@@ -8,11 +8,11 @@ warp issuing every TMA load while the other warps compute (`specialized`), and t
 two consumer warpgroups taking turns at the tensor cores, each overlapping its softmax with its
 own P V (`pingpong`, the default at d 128; `DEFAULT_SCHEDULES`). The backward comes in three
 (`BACKWARD_SCHEDULES`): a query-tile kernel for dQ and a key-tile kernel for dK and dV
-(`split`, the default at d 128), the key-tile kernel adding each tile's dQ with TMA bulk
+(`split`, the default but for long sequences at d 64), the key-tile kernel adding each tile's dQ with TMA bulk
 reductions (`atomic`, d 64: on an H200 as fast as `split` at 16384 and slower at 4096), or
 FlashAttention-3's warp specialization of that kernel, a loader warp and two consumer
-warpgroups, each owning half the program's keys (`specialized`, d 64, the default there;
-`DEFAULT_BACKWARD_SCHEDULES`). `lm.attention` registers the defaults as the attention choice
+warpgroups, each owning half the program's keys (`specialized`, d 64, the default there from
+8192 keys on; `DEFAULT_BACKWARD_SCHEDULES`). `lm.attention` registers the defaults as the attention choice
 `flash-gluon` (the Triton FA2 where these kernels cannot take the inputs); torch.compile sees
 two custom operators, `cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd`.
 
@@ -1068,10 +1068,18 @@ PROGRAM_QUERY_TILES = {"forward-pingpong": 2}
 # warp and two consumer warpgroups (specialized)
 BACKWARD_SCHEDULES = {"split": ("dq", "dkdv"), "atomic": ("delta", "dkdv-atomic"),
                       "specialized": ("delta", "dkdv-specialized")}
-# the schedule a backward runs unless told, per head dim: the fastest on an H200 (docs/
-# measurements.md, "The warp-specialized Gluon backward"): at d 64 the specialized backward
-# took 0.84x to 0.89x split's time at 16384 and 65536 and tied it at 4096
-DEFAULT_BACKWARD_SCHEDULES = {64: "specialized", 128: "split"}
+# the schedule a backward runs unless told, per head dim and from which sequence length on:
+# the fastest on an H200 (docs/measurements.md, "The warp-specialized Gluon backward"). At d 64
+# the specialized backward's programs own 128 keys each, and below 8192 too few of them fill
+# the GPU: replayed from CUDA graphs it took 0.86x split's time at 16 x 16384, 0.95x at
+# 8 x 8192, the same at 16 x 4096 and 16 x 1024, 1.07x at 32 x 2048 and 1.21x at 48 x 512
+DEFAULT_BACKWARD_SCHEDULES = {64: {0: "split", 8192: "specialized"}, 128: {0: "split"}}
+
+
+def default_backward_schedule(d: int, seq: int) -> str:
+    """The schedule of DEFAULT_BACKWARD_SCHEDULES for head dim d at length seq."""
+    by_length = DEFAULT_BACKWARD_SCHEDULES.get(d, {0: "split"})
+    return by_length[max(length for length in by_length if length <= seq)]
 # Per kernel and head dim: the fastest tiles of scripts/sweep_gluon.py on an H200 at 16 heads
 # of 16384 causal bf16 (Triton 3.6), each compiling for sm90a within shared memory
 # (compile_for_sm90): at d 64 four warps with two or three programs an SM beat eight warps with
@@ -1223,7 +1231,7 @@ def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor
                          grad_o: Tensor, is_causal: bool = False, schedule: str | None = None
                          ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv from the forward's o and logsumexp, as `schedule` (BACKWARD_SCHEDULES; by
-    default the head dim's of DEFAULT_BACKWARD_SCHEDULES) runs them. "split": the query-tile
+    default `default_backward_schedule`'s for the shape) runs them. "split": the query-tile
     kernel (dQ, and D = rowsum(dO * O) for each of its rows), then the key-tile kernel (dK, dV),
     which reads D. "atomic" and "specialized": D alone, then a key-tile kernel which also adds
     each tile's dQ to fp32 rows with TMA bulk reductions, its warps all loading and computing
@@ -1231,7 +1239,7 @@ def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor
     (docs/measurements.md)."""
     if schedule is not None:
         _check_schedule(schedule, BACKWARD_SCHEDULES)
-    schedule = schedule or DEFAULT_BACKWARD_SCHEDULES.get(q.shape[-1], "split")
+    schedule = schedule or default_backward_schedule(q.shape[-1], q.shape[-2])
     if any(q.shape[-1] not in TILES[kernel] for kernel in BACKWARD_SCHEDULES[schedule]):
         raise ValueError(f"the {schedule} backward takes d in "
                          f"{tuple(TILES[BACKWARD_SCHEDULES[schedule][-1]])}; got {q.shape[-1]}")
