@@ -1072,7 +1072,7 @@ BACKWARD_SCHEDULES = {"split": ("dq", "dkdv"), "atomic": ("delta", "dkdv-atomic"
 # the fastest on an H200 (docs/measurements.md, "The warp-specialized Gluon backward"). At d 64
 # the specialized backward's programs own 128 keys each, and below 8192 too few of them fill
 # the GPU: replayed from CUDA graphs it took 0.86x split's time at 16 x 16384, 0.95x at
-# 8 x 8192, the same at 16 x 4096 and 16 x 1024, 1.07x at 32 x 2048 and 1.21x at 48 x 512
+# 8 x 8192, the same at 16 x 4096 and 16 x 1024, 1.07x at 32 x 2048 and 1.22x at 48 x 512
 DEFAULT_BACKWARD_SCHEDULES = {64: {0: "split", 8192: "specialized"}, 128: {0: "split"}}
 
 
@@ -1114,7 +1114,7 @@ TILES = {
     "dkdv-atomic": {64: Tiles(block_m=64, block_n=64, num_warps=4)},
     # block_n keys a program, half to each consumer warpgroup (num_warps each); the launch's 168
     # registers a thread over three warpgroups, the consumers then taking 240 and the loader 24.
-    # d 64 only: 3.12 to 3.37 ms of backward at 16 x 16384 against split's 3.72 to 3.81 and
+    # d 64 only: 3.19 to 3.37 ms of backward at 16 x 16384 against split's 3.72 to 3.81 and
     # cuDNN's 3.17 to 3.21 in the same processes. At d 128 it spills (112 to 304 bytes) and was
     # slower than split but at 16384 (docs/measurements.md)
     "dkdv-specialized": {64: Tiles(block_m=64, block_n=128, num_warps=4, max_registers=168)},
