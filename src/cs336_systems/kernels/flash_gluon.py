@@ -10,8 +10,8 @@ own P V (`pingpong`, the default at d 128; `DEFAULT_SCHEDULES`). The backward co
 (`BACKWARD_SCHEDULES`): a query-tile kernel for dQ and a key-tile kernel for dK and dV
 (`split`, the default but for long sequences at d 64), the key-tile kernel adding each tile's dQ with TMA bulk
 reductions (`atomic`, d 64: on an H200 as fast as `split` at 16384 and slower at 4096), or
-FlashAttention-3's warp specialization of that kernel, a loader warp and two consumer
-warpgroups, each owning half the program's keys (`specialized`, d 64, the default there from
+FlashAttention-3's warp specialization of that kernel, a loader warp, two consumer warpgroups
+each owning half the program's keys, and a warpgroup for dQ (`specialized`, d 64, the default there from
 8192 keys on; `DEFAULT_BACKWARD_SCHEDULES`). `lm.attention` registers the defaults as the attention choice
 `flash-gluon` (the Triton FA2 where these kernels cannot take the inputs); torch.compile sees
 two custom operators, `cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd`.
@@ -37,8 +37,8 @@ key-tile kernel owns BLOCK_N keys and walks the query tiles that see them for dK
 program (bh, m) of the first launch computes D alone, and the key-tile kernel's programs add
 dS K for each query tile they walk to that tile's dQ rows (fp32), one TMA bulk reduction a
 tile, as FlashAttention-3 does; in the specialized schedule, program (n, bh) owns 2 x 64 keys,
-64 to each consumer warpgroup, the first of which computes and adds the tile's dQ over all of
-them once both have written their dS^T to shared memory. A program's compute warps are num_warps // 4 warpgroups, which
+64 to each consumer warpgroup, and a fourth warpgroup computes and adds the tile's dQ over all
+of them once both consumers have written their dS^T to shared memory. A program's compute warps are num_warps // 4 warpgroups, which
 split the rows of each wgmma. Heads vary fastest over the grid, and under the causal mask the
 query-tile kernels take their tiles last first: the programs with the most key tiles start
 first and the shortest fill the tail (`_query_tile`).
@@ -115,6 +115,10 @@ LOADER_REGISTERS = gl.constexpr(24)
 # the ping-pong forward's second consumer warpgroup (the first, the default partition, gets as
 # many from Triton): with the loader's warpgroup at 24, three warpgroups fit 64K registers
 PINGPONG_REGISTERS = gl.constexpr(240)
+# the specialized backward's four warpgroups at its launch's 128 registers a thread: the second
+# consumer and the dQ warpgroup take these, the loader 24, the first consumer the rest (208)
+CONSUMER_REGISTERS = gl.constexpr(200)
+DQ_REGISTERS = gl.constexpr(80)
 SUPPORTED_HEAD_DIMS = (64, 128)
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # the tensors a TMA descriptor sees: the inputs, and the atomic backward's fp32 dQ
@@ -831,28 +835,27 @@ def attention_delta_kernel(o_ptr, do_ptr, delta_ptr, seq, HEAD_D: gl.constexpr,
 # A program owns BLOCK_N keys, BLOCK_N // 2 to each of two consumer warpgroups, and walks the
 # query tiles that see them; a loader warp issues every TMA load. Each consumer computes its
 # keys' S^T and dP^T, then P^T and dS^T, adds P^T dO to dV and dS^T Q to dK from registers, and
-# writes its dS^T rows to shared memory. Once both halves are there, the first consumer computes
-# the tile's dQ = dS K over all BLOCK_N keys (FlashAttention-4's dQ_single_wg) and adds it to
-# dQ's fp32 rows with one TMA bulk reduction: half the reductions of the atomic schedule, whose
-# programs own half the keys. Barriers: kv_ready (K and V landed); q_ready and q_empty, a ring
-# slot each (Q and dO landed; both consumers done with them); ds_ready, a dS^T buffer each (both
-# halves written). A consumer waits for both halves of a tile before its next tile, so with two
-# dS^T buffers it never overwrites one the first consumer still reads.
+# writes its dS^T rows to shared memory. Once both halves are there, a third warpgroup computes
+# the tile's dQ = dS K over all BLOCK_N keys and adds it to dQ's fp32 rows with one TMA bulk
+# reduction: half the reductions of the atomic schedule, whose programs own half the keys, and
+# the consumers never wait for each other. Barriers: kv_ready (K and V landed); q_ready and
+# q_empty, a ring slot each (Q and dO landed; both consumers done with them); ds_ready and
+# ds_free, a dS^T buffer each (both halves written; the dQ warpgroup done with them).
 
 
 @gluon.jit
-def _dkdv_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready,
-                   q_empty, ds_ready, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, head_row,
+def _dkdv_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_ready, q_ready, q_empty,
+                   ds_ready, ds_free, dk_ptr, dv_ptr, lse_ptr, delta_ptr, head_row,
                    start_n, first, n_tiles, seq, qk_scale, sm_scale, CONSUMER: gl.constexpr,
                    HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """Consumer CONSUMER (0 or 1): keys start_n + CONSUMER * BLOCK_N // 2 onwards, their dK and
-    dV over the walked query tiles (transposed products, as `_dkdv_tile`); the first consumer
-    also each tile's dQ, through the two dQ buffers in turn."""
+    dV over the walked query tiles (transposed products, as `_dkdv_tile`), and their rows of
+    each tile's dS^T for the dQ warpgroup, through two buffers in turn."""
     KEYS: gl.constexpr = BLOCK_N // 2
     layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, HEAD_D, 4)     # the consumer's keys by...
     st_layout: gl.constexpr = layouts[0]                            # ...the walked queries
-    acc_layout: gl.constexpr = layouts[1]                           # ...d (dK, dV; dQ's rows)
+    acc_layout: gl.constexpr = layouts[1]                           # ...d (dK, dV)
     op_layout: gl.constexpr = layouts[2]                            # P^T, dS^T as A operands
     dtype: gl.constexpr = q_smem.dtype
     my_k = k_smem.slice(CONSUMER * KEYS, KEYS)
@@ -889,31 +892,42 @@ def _dkdv_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, 
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_tile, dv,
                            is_async=True)
         dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_tile, dk, is_async=True)
-        # this consumer's dS^T rows into the tile's buffer; dQ once both halves are there
-        ds_tile = ds_smem.index(buf)
-        ds_tile.slice(CONSUMER * KEYS, KEYS).store(dst)
+        # this consumer's dS^T rows into the tile's buffer, once the dQ warpgroup has read the
+        # buffer's last tile (two tiles ago); the dQ warpgroup takes it from there
+        mbarrier.wait(ds_free.index(buf), ((j // 2) & 1) ^ 1)
+        ds_smem.index(buf).slice(CONSUMER * KEYS, KEYS).store(dst)
         fence_async_shared()
         _barrier()                      # every thread's rows written before the one arrive
         mbarrier.arrive(ds_ready.index(buf), count=1)
-        mbarrier.wait(ds_ready.index(buf), (j // 2) & 1)
-        if CONSUMER == 0:
-            dq = warpgroup_mma(ds_tile.permute((1, 0)), k_smem,
-                               gl.zeros([BLOCK_M, HEAD_D], gl.float32, acc_layout),
-                               use_acc=False, is_async=True)
-            dq, dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dq, dv, dk))
-            mbarrier.arrive(q_empty.index(slot), count=1)
-            tma.store_wait(1)           # the reduction of two tiles ago has read this buffer
-            dq_smem.index(buf).store(dq * sm_scale)
-            fence_async_shared()
-            _barrier()
-            _tma_add(dq_desc, [head_row + start_m, 0], dq_smem.index(buf))
-        else:
-            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-            mbarrier.arrive(q_empty.index(slot), count=1)
+        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        mbarrier.arrive(q_empty.index(slot), count=1)
 
-    tma.store_wait(0)
     _store_rows(dk_ptr, dk * sm_scale, head_row, my_start, seq, acc_layout, HEAD_D, KEYS)
     _store_rows(dv_ptr, dv, head_row, my_start, seq, acc_layout, HEAD_D, KEYS)
+
+
+@gluon.jit
+def _dq_partition(k_smem, ds_smem, dq_smem, kv_ready, ds_ready, ds_free, dq_desc, head_row,
+                  first, n_tiles, sm_scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr):
+    """The dQ warpgroup: each walked tile's dQ = dS K over all the program's keys, once both
+    consumers have written their dS^T rows, added to dQ's fp32 rows by one TMA reduction from
+    one of two buffers, taken in turn."""
+    acc_layout: gl.constexpr = _wgmma_layouts(BLOCK_M, HEAD_D, 4)[1]
+    mbarrier.wait(kv_ready, 0)
+    for j in range(n_tiles):
+        buf = j % 2
+        mbarrier.wait(ds_ready.index(buf), (j // 2) & 1)
+        dq = warpgroup_mma(ds_smem.index(buf).permute((1, 0)), k_smem,
+                           gl.zeros([BLOCK_M, HEAD_D], gl.float32, acc_layout), use_acc=False,
+                           is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+        mbarrier.arrive(ds_free.index(buf), count=1)
+        tma.store_wait(1)               # the reduction of two tiles ago has read this buffer
+        dq_smem.index(buf).store(dq * sm_scale)
+        fence_async_shared()
+        _barrier()
+        _tma_add(dq_desc, [head_row + (first + j) * BLOCK_M, 0], dq_smem.index(buf))
+    tma.store_wait(0)
 
 
 @gluon.jit
@@ -959,25 +973,29 @@ def attention_dkdv_specialized_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, 
     ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
                                         _shared_tile(BLOCK_N, BLOCK_M, dtype))
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)   # both consumers write their halves
-    # two buffers of a tile's fp32 dQ, which the first consumer's TMA reductions read
+        mbarrier.init(ds_free.index(i), count=1)    # the dQ warpgroup has read them
+    # two buffers of a tile's fp32 dQ, which the dQ warpgroup's TMA reductions read
     dq_smem = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape,
                                         dq_desc.layout)
 
     gl.warp_specialize([
-        (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready,
-                          q_empty, ds_ready, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
-                          head_row, start_n, first, n_tiles, seq, qk_scale, sm_scale, 0, HEAD_D,
-                          BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
-        (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready,
-                          q_empty, ds_ready, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
-                          head_row, start_n, first, n_tiles, seq, qk_scale, sm_scale, 1, HEAD_D,
-                          BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_ready, q_ready, q_empty,
+                          ds_ready, ds_free, dk_ptr, dv_ptr, lse_ptr, delta_ptr, head_row,
+                          start_n, first, n_tiles, seq, qk_scale, sm_scale, 0, HEAD_D, BLOCK_M,
+                          BLOCK_N, STAGES, CAUSAL)),
+        (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_ready, q_ready, q_empty,
+                          ds_ready, ds_free, dk_ptr, dv_ptr, lse_ptr, delta_ptr, head_row,
+                          start_n, first, n_tiles, seq, qk_scale, sm_scale, 1, HEAD_D, BLOCK_M,
+                          BLOCK_N, STAGES, CAUSAL)),
         (_dkdv_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem,
                                 do_smem, kv_ready, q_ready, q_empty, head_row, start_n, first,
                                 n_tiles, BLOCK_M, STAGES)),
-    ], [num_warps, LOADER_WARPS], [PINGPONG_REGISTERS, LOADER_REGISTERS])
+        (_dq_partition, (k_smem, ds_smem, dq_smem, kv_ready, ds_ready, ds_free, dq_desc,
+                         head_row, first, n_tiles, sm_scale, HEAD_D, BLOCK_M)),
+    ], [num_warps, LOADER_WARPS, 4], [CONSUMER_REGISTERS, LOADER_REGISTERS, DQ_REGISTERS])
 
     mbarrier.invalidate(kv_ready)
     for i in gl.static_range(STAGES):
@@ -985,6 +1003,7 @@ def attention_dkdv_specialized_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, 
         mbarrier.invalidate(q_empty.index(i))
     for i in gl.static_range(2):
         mbarrier.invalidate(ds_ready.index(i))
+        mbarrier.invalidate(ds_free.index(i))
 
 
 # the backward's kernels of KERNELS (the key-tile kernel with dQ added atomically or not)
@@ -1112,12 +1131,11 @@ TILES = {
     # at d 128 its fp32 dQ buffers and K, V, Q and dO tiles take 139 KiB of shared memory, a
     # program an SM (10.2 ms against the split one's 6.3)
     "dkdv-atomic": {64: Tiles(block_m=64, block_n=64, num_warps=4)},
-    # block_n keys a program, half to each consumer warpgroup (num_warps each); the launch's 168
-    # registers a thread over three warpgroups, the consumers then taking 240 and the loader 24.
-    # d 64 only: 3.19 to 3.37 ms of backward at 16 x 16384 against split's 3.72 to 3.81 and
-    # cuDNN's 3.17 to 3.21 in the same processes. At d 128 it spills (112 to 304 bytes) and was
-    # slower than split but at 16384 (docs/measurements.md)
-    "dkdv-specialized": {64: Tiles(block_m=64, block_n=128, num_warps=4, max_registers=168)},
+    # block_n keys a program, half to each consumer warpgroup (num_warps each); the launch's 128
+    # registers a thread over four warpgroups (CONSUMER_REGISTERS). d 64 only: 3.09 and 3.15 ms
+    # of backward at 16 x 16384 against cuDNN's 3.22 and 3.21 in one process. At d 128 its
+    # earlier forms spilled and were slower than split but at 16384 (docs/measurements.md)
+    "dkdv-specialized": {64: Tiles(block_m=64, block_n=128, num_warps=4, max_registers=128)},
     # block_m rows a program
     "delta": {64: Tiles(block_m=64, num_warps=4), 128: Tiles(block_m=64, num_warps=4)},
 }
