@@ -8,13 +8,14 @@ warp issuing every TMA load while the other warps compute (`specialized`), and t
 two consumer warpgroups taking turns at the tensor cores, each overlapping its softmax with its
 own P V (`pingpong`, the default at d 128; `DEFAULT_SCHEDULES`). The backward comes in three
 (`BACKWARD_SCHEDULES`): a query-tile kernel for dQ and a key-tile kernel for dK and dV
-(`split`, the default but for long sequences at d 64), the key-tile kernel adding each tile's dQ with TMA bulk
-reductions (`atomic`, d 64: on an H200 as fast as `split` at 16384 and slower at 4096), or
-FlashAttention-3's warp specialization of that kernel, a loader warp, two consumer warpgroups
-each owning half the program's keys, and a warpgroup for dQ (`specialized`, d 64, the default there from
-8192 keys on; `DEFAULT_BACKWARD_SCHEDULES`). `lm.attention` registers the defaults as the attention choice
-`flash-gluon` (the Triton FA2 where these kernels cannot take the inputs); torch.compile sees
-two custom operators, `cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd`.
+(`split`, the default but for long sequences at d 64), the key-tile kernel adding each tile's
+dQ with TMA bulk reductions (`atomic`, d 64: on an H200 as fast as `split` at 16384 and slower
+at 4096), or FlashAttention-3's warp specialization of that kernel: a loader warp, two consumer
+warpgroups each owning half the program's keys, and a warpgroup for dQ (`specialized`, d 64,
+the default there from 8192 keys on; `DEFAULT_BACKWARD_SCHEDULES`). `lm.attention` registers
+the defaults as the attention choice `flash-gluon` (the Triton FA2 where these kernels cannot
+take the inputs); torch.compile sees two custom operators, `cs336::flash_gluon_fwd` and
+`cs336::flash_gluon_bwd`.
 
     o, lse = flash_gluon_forward(q, k, v, is_causal)        # (batch, heads, seq, d)
     o, lse = flash_gluon_forward(q, k, v, is_causal, "pingpong")  # or "waited", "overlapped"...
@@ -38,10 +39,11 @@ program (bh, m) of the first launch computes D alone, and the key-tile kernel's 
 dS K for each query tile they walk to that tile's dQ rows (fp32), one TMA bulk reduction a
 tile, as FlashAttention-3 does; in the specialized schedule, program (n, bh) owns 2 x 64 keys,
 64 to each consumer warpgroup, and a fourth warpgroup computes and adds the tile's dQ over all
-of them once both consumers have written their dS^T to shared memory. A program's compute warps are num_warps // 4 warpgroups, which
-split the rows of each wgmma. Heads vary fastest over the grid, and under the causal mask the
-query-tile kernels take their tiles last first: the programs with the most key tiles start
-first and the shortest fill the tail (`_query_tile`).
+of them once both consumers have written their dS^T to shared memory. A program's compute
+warps are num_warps // 4 warpgroups, which split the rows of each wgmma. Heads vary fastest
+over the grid, and under the causal mask the query-tile kernels take their tiles last first:
+the programs with the most key tiles start first and the shortest fill the tail
+(`_query_tile`).
 
 The TMA descriptors see q, k, v and dO as 2-D (batch * heads * seq, d) tensors: a tile that
 runs past its head's last row reads the next head's rows (zeros past the tensor's end); the
