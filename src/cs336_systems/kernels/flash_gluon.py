@@ -90,7 +90,7 @@ from cs336_systems.kernels.launch import direct, eager_on_plain_tensors
 
 # Triton 3.6 (torch 2.11's) names the TMA load async_copy_global_to_shared, later ones async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-# ... and the barrier of a program's warps (of a partition's, in a warp-specialized kernel)
+# ... and the barrier of a program's warps (a partition's, in a warp-specialized kernel)
 # thread_barrier, later ones barrier
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
@@ -1086,7 +1086,7 @@ PROGRAM_QUERY_TILES = {"forward-pingpong": 2}
 # then the key-tile kernel (dK, dV), FlashAttention-2's five products and two more (S and dP
 # for dQ); or D alone, then a key-tile kernel adding each tile's dQ with a TMA bulk reduction,
 # five products (FlashAttention-3's dQ): every warp loading and computing (atomic), or a loader
-# warp and two consumer warpgroups (specialized)
+# warp, two consumer warpgroups and a dQ warpgroup (specialized)
 BACKWARD_SCHEDULES = {"split": ("dq", "dkdv"), "atomic": ("delta", "dkdv-atomic"),
                       "specialized": ("delta", "dkdv-specialized")}
 # the schedule a backward runs unless told, per head dim and from which sequence length on:
@@ -1139,7 +1139,7 @@ TILES = {
     # earlier forms spilled and were slower than split but at 16384 (docs/measurements.md)
     "dkdv-specialized": {64: Tiles(block_m=64, block_n=128, num_warps=4, max_registers=128)},
     # block_m rows a program
-    "delta": {64: Tiles(block_m=64, num_warps=4), 128: Tiles(block_m=64, num_warps=4)},
+    "delta": {64: Tiles(block_m=64, num_warps=4)},
 }
 
 
