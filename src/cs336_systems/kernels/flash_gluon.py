@@ -649,6 +649,35 @@ _FORWARD_KERNELS = {"forward": attention_fwd_kernel, "forward-overlap": attentio
 
 
 @gluon.jit
+def _key_tile_masked(start_n, start_m, seq, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     CAUSAL: gl.constexpr, KEYS_BOUNDED: gl.constexpr):
+    """Whether the key-tile kernels' tile of BLOCK_N keys from start_n by BLOCK_M queries from
+    start_m needs a mask: the sequence's last query tile, the diagonal band under the causal
+    mask and, with KEYS_BOUNDED (dQ added here), keys past the end, whose dS would reach other
+    rows' dQ."""
+    masked = start_m + BLOCK_M > seq
+    if KEYS_BOUNDED:
+        masked = masked | (start_n + BLOCK_N > seq)
+    if CAUSAL:
+        masked = masked | (start_m < start_n + BLOCK_N)
+    return masked
+
+
+@gluon.jit
+def _probabilities_t(st, lse2, start_n, start_m, seq, qk_scale, masked, layout: gl.constexpr,
+                     KEYS: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
+                     KEYS_BOUNDED: gl.constexpr):
+    """P^T = exp2(S^T * scale - lse) for KEYS keys from start_n by BLOCK_M queries from start_m,
+    from the forward's logsumexp in base 2 (`lse2`, a query each), zero where `masked` says the
+    tile crosses the causal diagonal or the sequence's end (`_key_tile_masked`)."""
+    pt = gl.exp2(st * qk_scale - lse2[None, :])
+    if masked:
+        pt = _mask_walked(pt, start_n, start_m, seq, 0.0, layout, KEYS, BLOCK_M, False, CAUSAL,
+                          KEYS_BOUNDED)
+    return pt
+
+
+@gluon.jit
 def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, ds_smem, dq_smem, dk, dv, dq_desc, lse_ptr,
                delta_ptr, head_row, start_n, start_m, seq, qk_scale, sm_scale, masked,
                st_layout: gl.constexpr, acc_layout: gl.constexpr, op_layout: gl.constexpr,
@@ -668,10 +697,8 @@ def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, ds_smem, dq_smem, dk, dv, dq_des
     st = warpgroup_mma(k_smem, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
     dpt = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
     st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
-    pt = gl.exp2(st * qk_scale - lse2[None, :])
-    if masked:
-        pt = _mask_walked(pt, start_n, start_m, seq, 0.0, st_layout, BLOCK_N, BLOCK_M, False,
-                          CAUSAL, ATOMIC_DQ)
+    pt = _probabilities_t(st, lse2, start_n, start_m, seq, qk_scale, masked, st_layout, BLOCK_N,
+                          BLOCK_M, CAUSAL, ATOMIC_DQ)
     dst = pt * (dpt - delta[None, :])
     pt16 = gl.convert_layout(pt.to(q_tile.dtype), op_layout)
     if ATOMIC_DQ:
@@ -741,12 +768,7 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_p
         slot = _next_slot(q_desc, do_desc, q_smem, do_smem, ready, head_row + first * BLOCK_M, j,
                           n_tiles, BLOCK_M, STAGES)
         start_m = (first + j) * BLOCK_M
-        # masked: the sequence's last query tile, and the diagonal band under the causal mask
-        needs_mask = start_m + BLOCK_M > seq
-        if CAUSAL:
-            needs_mask = needs_mask | (start_m < start_n + BLOCK_N)
-        if ATOMIC_DQ:   # keys past the end (the next head's rows) would add to these dQ rows
-            needs_mask = needs_mask | (start_n + BLOCK_N > seq)
+        needs_mask = _key_tile_masked(start_n, start_m, seq, BLOCK_M, BLOCK_N, CAUSAL, ATOMIC_DQ)
         dq_buffer = dq_smem
         if ATOMIC_DQ:
             dq_buffer = dq_smem.index(j % 2)
@@ -872,10 +894,7 @@ def _dkdv_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_ready, q_ready, 
         slot = j % STAGES
         buf = j % 2
         start_m = (first + j) * BLOCK_M
-        # as in attention_dkdv_kernel's atomic schedule, for the program's keys
-        needs_mask = (start_m + BLOCK_M > seq) | (start_n + BLOCK_N > seq)
-        if CAUSAL:
-            needs_mask = needs_mask | (start_m < start_n + BLOCK_N)
+        needs_mask = _key_tile_masked(start_n, start_m, seq, BLOCK_M, BLOCK_N, CAUSAL, True)
         rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))   # queries
         q_tile = q_smem.index(slot)
         do_tile = do_smem.index(slot)
@@ -884,10 +903,8 @@ def _dkdv_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_ready, q_ready, 
         dpt = warpgroup_mma(my_v, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
         lse2 = gl.load(lse_ptr + head_row + rows, mask=rows < seq, other=0.0) * LOG2_E_GL
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
-        pt = gl.exp2(st * qk_scale - lse2[None, :])
-        if needs_mask:
-            pt = _mask_walked(pt, my_start, start_m, seq, 0.0, st_layout, KEYS, BLOCK_M, False,
-                              CAUSAL, True)
+        pt = _probabilities_t(st, lse2, my_start, start_m, seq, qk_scale, needs_mask, st_layout,
+                              KEYS, BLOCK_M, CAUSAL, True)
         delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
         dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
         dst = (pt * (dpt - delta[None, :])).to(dtype)
@@ -1058,7 +1075,7 @@ class Tiles:
     stages: int = 2
     num_warps: int = 8
     # registers a thread the kernel is compiled for (Triton's maxnreg); the warp-specialized
-    # forward hands its loader LOADER_REGISTERS of them and its consumers the rest
+    # kernels hand their loader LOADER_REGISTERS of them and their other warpgroups the rest
     max_registers: int | None = None
 
     def launch_options(self) -> dict:
