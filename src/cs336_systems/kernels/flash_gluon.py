@@ -22,10 +22,11 @@ take the inputs); torch.compile sees two custom operators, `cs336::flash_gluon_f
     dq, dk, dv = flash_gluon_backward(q, k, v, o, lse, do, is_causal)   # or ..., "split")
     o = FlashAttentionGluon.apply(q, k, v, is_causal)       # both, as an autograd function
 
-q, k and v share one shape (self-attention, no grouped heads), bf16 or fp16, d 64 or 128
-(`SUPPORTED_HEAD_DIMS`), any seq. The causal mask is SDPA's `is_causal=True`, as in
-`kernels.flash_triton`: query i sees keys 0..i. lse (batch, heads, seq) fp32 is each row's
-logsumexp of the scaled scores, in natural log, as the Triton kernel saves it.
+q, k and v share one shape, (batch, heads, seq, d) or (batch, seq, d) as one head
+(self-attention, no grouped heads), bf16 or fp16, d 64 or 128 (`SUPPORTED_HEAD_DIMS`), any seq.
+The causal mask is SDPA's `is_causal=True`, as in `kernels.flash_triton`: query i sees keys
+0..i. lse (q's shape without d, fp32) is each row's logsumexp of the scaled scores, in natural
+log, as the Triton kernel saves it.
 
 Program roles. Forward (Algorithm 1): program (bh, m) owns BLOCK_M query rows of one (batch,
 head) and walks its key tiles; in the specialized schedule one more warp, the loader, issues
@@ -86,7 +87,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from cs336_systems.kernels.checks import triton_interpreting
-from cs336_systems.kernels.launch import direct, eager_on_plain_tensors
+from cs336_systems.kernels.launch import Launch, direct, eager_on_plain_tensors
 
 # Triton 3.6 (torch 2.11's) names the TMA load async_copy_global_to_shared, later ones async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -1030,6 +1031,7 @@ _BACKWARD_KERNELS = {"dq": attention_dq_kernel, "dkdv": attention_dkdv_kernel,
                      "dkdv-atomic": attention_dkdv_kernel,
                      "dkdv-specialized": attention_dkdv_specialized_kernel,
                      "delta": attention_delta_kernel}
+_KERNEL_FUNCTIONS = {**_FORWARD_KERNELS, **_BACKWARD_KERNELS}
 
 
 @gluon.jit
@@ -1099,6 +1101,10 @@ SCHEDULES = {"waited": "forward", "overlapped": "forward-overlap",
 DEFAULT_SCHEDULES = {64: "waited", 128: "pingpong"}
 # query tiles a program of a forward kernel owns (one, but for the ping-pong forward's two)
 PROGRAM_QUERY_TILES = {"forward-pingpong": 2}
+# the kernels whose programs own query tiles, heads fastest over their grid (`_query_tile`); the
+# others' own key tiles (dK, dV) or rows of D, tiles fastest
+_QUERY_TILE_KERNELS = ("forward", "forward-overlap", "forward-specialized", "forward-pingpong",
+                       "dq")
 # the backward's, each its kernels of KERNELS in launch order: the query-tile kernel (dQ and D)
 # then the key-tile kernel (dK, dV), FlashAttention-2's five products and two more (S and dP
 # for dQ); or D alone, then a key-tile kernel adding each tile's dQ with a TMA bulk reduction,
@@ -1168,9 +1174,9 @@ def _shared_layout(rows: int, d: int, dtype) -> gl.NVMMASharedLayout:
 def unsupported_reason(q: Tensor, k: Tensor, v: Tensor) -> str | None:
     """Why the kernels cannot take q, k and v here (each reason saying what is supported), or
     None where they can."""
-    if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
-        return (f"the Gluon kernels take q, k, v of one (batch, heads, seq, d) shape; got "
-                f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.ndim not in (3, 4) or q.shape != k.shape or q.shape != v.shape:
+        return (f"the Gluon kernels take q, k, v of one (batch, heads, seq, d) or (batch, seq, "
+                f"d) shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
         return (f"the Gluon kernels support d in {SUPPORTED_HEAD_DIMS}; got {q.shape[-1]} "
                 f"(kernels.flash_triton takes any d up to 256)")
@@ -1191,7 +1197,8 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
 
 
 def _rows(*tensors: Tensor) -> list[Tensor]:
-    """(batch, heads, seq, d) tensors as the kernels' 2-D (batch * heads * seq, d) views."""
+    """(batch, heads, seq, d) or (batch, seq, d) tensors as the kernels' 2-D (batch * heads *
+    seq, d) views."""
     return [t.contiguous().view(-1, t.shape[-1]) for t in tensors]
 
 
@@ -1202,42 +1209,9 @@ def _descriptor(t: Tensor, block_rows: int):
                             _shared_layout(block_rows, d, _DESCRIBED[t.dtype]))
 
 
-def _grid(q: Tensor, own_rows: int, kernel: str) -> tuple[int, int]:
-    """A program per tile of own_rows of each (batch, head)'s sequence: (heads, tiles) for the
-    query-tile kernels (`_query_tile`), (tiles, heads) for the key-tile kernel."""
-    batch, heads, seq, _ = q.shape
-    grid = (batch * heads, triton.cdiv(seq, own_rows))
-    return grid[::-1] if kernel.startswith("dkdv") else grid
-
-
 def _check_schedule(schedule: str, schedules: dict = SCHEDULES) -> None:
     if schedule not in schedules:
         raise ValueError(f"unknown schedule {schedule!r}; allowed: {', '.join(schedules)}")
-
-
-def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
-                        schedule: str | None = None) -> tuple[Tensor, Tensor]:
-    """o and the logsumexp of softmax(q k^T / sqrt(d)) v, one launch of the kernel that runs
-    `schedule` (one of SCHEDULES, by default the head dim's of DEFAULT_SCHEDULES; see the
-    module)."""
-    if schedule is not None:
-        _check_schedule(schedule)
-    check_inputs(q, k, v)
-    batch, heads, seq, d = q.shape
-    schedule = schedule or DEFAULT_SCHEDULES[d]
-    kernel = SCHEDULES[schedule]
-    tiles = TILES[kernel][d]
-    q2, k2, v2 = _rows(q, k, v)
-    o = torch.empty_like(q2)
-    lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
-    constants = {"HEAD_D": d, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
-                 "STAGES": tiles.stages, "CAUSAL": is_causal,
-                 **_schedule_constants(kernel), **tiles.launch_options()}
-    own_rows = tiles.block_m * PROGRAM_QUERY_TILES.get(kernel, 1)   # a program's queries
-    direct(_FORWARD_KERNELS[kernel])[_grid(q, own_rows, kernel)](
-        _descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
-        _descriptor(v2, tiles.block_n), o, lse, seq, d ** -0.5 * LOG2_E, **constants)
-    return o.view(q.shape), lse
 
 
 def _schedule_constants(kernel: str) -> dict:
@@ -1249,19 +1223,73 @@ def _schedule_constants(kernel: str) -> dict:
     return {}
 
 
-def _launch_backward(kernel: str, q: Tensor, q2, k2, v2, do2, *args, is_causal: bool) -> None:
-    """One backward kernel of KERNELS for (batch, heads, seq, d) inputs like q: a program per
-    tile of rows it owns of each head (keys for dK and dV, queries for dQ), the descriptors of
-    the tiles it owns and walks."""
-    seq, d = q.shape[-2:]
+def _constants(kernel: str, d: int, is_causal: bool, tiles: Tiles) -> dict:
+    """The kernel's constexprs, in its arguments' order."""
+    if kernel == "delta":
+        return {"HEAD_D": d, "BLOCK": tiles.block_m}
+    return {"HEAD_D": d, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
+            "STAGES": tiles.stages, "CAUSAL": is_causal, **_schedule_constants(kernel)}
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_plan(kernel: str, heads: int, seq: int, d: int, is_causal: bool) -> Launch:
+    """One of KERNELS over `heads` (batch x heads) sequences of seq rows at head dim d: a
+    program per tile of rows it owns of each sequence (queries for the forward, dQ and D, keys
+    for dK and dV), (heads, tiles) for the query-tile kernels (`_query_tile`), (tiles, heads)
+    for the others; its TILES and constexprs. Made once a shape (as the Triton FA2's plans):
+    the eager host time of a step is what bounds the shorter sequences."""
     tiles = TILES[kernel][d]
-    own_rows = tiles.block_m if kernel == "dq" else tiles.block_n
-    direct(_BACKWARD_KERNELS[kernel])[_grid(q, own_rows, kernel)](
-        _descriptor(q2, tiles.block_m), _descriptor(k2, tiles.block_n),
-        _descriptor(v2, tiles.block_n), _descriptor(do2, tiles.block_m), *args, seq,
-        d ** -0.5 * LOG2_E, d ** -0.5, HEAD_D=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        STAGES=tiles.stages, CAUSAL=is_causal, **_schedule_constants(kernel),
-        **tiles.launch_options())
+    own_rows = (tiles.block_n if kernel.startswith("dkdv")
+                else tiles.block_m * PROGRAM_QUERY_TILES.get(kernel, 1))
+    grid = (heads, triton.cdiv(seq, own_rows))
+    return Launch(grid if kernel in _QUERY_TILE_KERNELS else grid[::-1],
+                  {**_constants(kernel, d, is_causal, tiles), **tiles.launch_options()})
+
+
+def _launch(kernel: str, shape: tuple[int, int, int], is_causal: bool, *args) -> None:
+    """Launches one of KERNELS over (heads, seq, d) rows with `args`, its plan's grid and
+    keyword arguments."""
+    plan = _launch_plan(kernel, *shape, is_causal)
+    direct(_KERNEL_FUNCTIONS[kernel])[plan.grid](*args, **plan.kwargs)
+
+
+def _operands(kernel: str, d: int, made: dict, *rows: Tensor) -> list:
+    """TMA descriptors of q, k, v (and dO) rows for the kernel's tiles: queries and dO in tiles
+    of block_m rows, keys and values of block_n. Each (tensor, rows) is described once a call
+    (`made`), so that a backward's two kernels share them."""
+    tiles = TILES[kernel][d]
+    described = []
+    for t, block_rows in zip(rows, (tiles.block_m, tiles.block_n, tiles.block_n, tiles.block_m)):
+        key = (id(t), block_rows)
+        if key not in made:
+            made[key] = _descriptor(t, block_rows)
+        described.append(made[key])
+    return described
+
+
+def _rows_shape(q: Tensor) -> tuple[int, int, int]:
+    """(heads, seq, d) of the kernels' rows: every (batch, head) a sequence of its own."""
+    *_, seq, d = q.shape
+    return q.numel() // (seq * d), seq, d
+
+
+def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+                        schedule: str | None = None) -> tuple[Tensor, Tensor]:
+    """o and the logsumexp of softmax(q k^T / sqrt(d)) v, one launch of the kernel that runs
+    `schedule` (one of SCHEDULES, by default the head dim's of DEFAULT_SCHEDULES; see the
+    module)."""
+    if schedule is not None:
+        _check_schedule(schedule)
+    check_inputs(q, k, v)
+    shape = _rows_shape(q)
+    seq, d = shape[1:]
+    kernel = SCHEDULES[schedule or DEFAULT_SCHEDULES[d]]
+    q2, k2, v2 = _rows(q, k, v)
+    o = torch.empty_like(q2)
+    lse = q2.new_empty(q.shape[:-1], dtype=torch.float32)
+    _launch(kernel, shape, is_causal, *_operands(kernel, d, {}, q2, k2, v2), o, lse, seq,
+            d ** -0.5 * LOG2_E)
+    return o.view(q.shape), lse
 
 
 def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
@@ -1281,33 +1309,40 @@ def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor
         raise ValueError(f"the {schedule} backward takes d in "
                          f"{tuple(TILES[BACKWARD_SCHEDULES[schedule][-1]])}; got {q.shape[-1]}")
     check_inputs(q, k, v)
-    batch, heads, seq, d = q.shape
+    return _backward(q, k, v, o, lse, grad_o, is_causal, schedule)
+
+
+def _backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, grad_o: Tensor,
+              is_causal: bool, schedule: str) -> tuple[Tensor, Tensor, Tensor]:
+    """`flash_gluon_backward` on inputs it has checked (or the forward has)."""
+    shape = _rows_shape(q)
+    seq, d = shape[1:]
+    scales = (d ** -0.5 * LOG2_E, d ** -0.5)
     q2, k2, v2, do2, o2 = _rows(q, k, v, grad_o, o)
     dk, dv = torch.empty_like(k2), torch.empty_like(v2)
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
+    made = {}   # descriptors, shared by the two kernels
     if schedule == "split":
         dq = torch.empty_like(q2)
-        _launch_backward("dq", q, q2, k2, v2, do2, dq, o2, do2, lse, delta, is_causal=is_causal)
-        _launch_backward("dkdv", q, q2, k2, v2, do2, dq, dk, dv, lse, delta, is_causal=is_causal)
+        _launch("dq", shape, is_causal, *_operands("dq", d, made, q2, k2, v2, do2), dq, o2, do2,
+                lse, delta, seq, *scales)
+        _launch("dkdv", shape, is_causal, *_operands("dkdv", d, made, q2, k2, v2, do2), dq, dk,
+                dv, lse, delta, seq, *scales)
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
-    tiles = TILES["delta"][d]
-    direct(attention_delta_kernel)[triton.cdiv(seq, tiles.block_m), batch * heads](
-        o2, do2, delta, seq, HEAD_D=d, BLOCK=tiles.block_m, num_warps=tiles.num_warps)
+    _launch("delta", shape, is_causal, o2, do2, delta, seq)
     dq = torch.zeros(q2.shape, dtype=torch.float32, device=q.device)
     kernel = BACKWARD_SCHEDULES[schedule][-1]
-    _launch_backward(kernel, q, q2, k2, v2, do2,
-                     _descriptor(dq, TILES[kernel][d].block_m), dk, dv, lse, delta,
-                     is_causal=is_causal)
+    _launch(kernel, shape, is_causal, *_operands(kernel, d, made, q2, k2, v2, do2),
+            _descriptor(dq, TILES[kernel][d].block_m), dk, dv, lse, delta, seq, *scales)
     return dq.to(q.dtype).view(q.shape), dk.view(k.shape), dv.view(v.shape)
 
 
 # --- custom operators (what torch.compile sees: one opaque call each way) and autograd -------
 
 def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
-    batch, heads, seq, _ = q.shape
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-            q.new_empty((batch, heads, seq), dtype=torch.float32))
+            q.new_empty(q.shape[:-1], dtype=torch.float32))
 
 
 @torch.library.custom_op("cs336::flash_gluon_fwd", mutates_args=())
@@ -1336,8 +1371,9 @@ def _flash_gluon_bwd_fake(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tenso
 
 def _gradients(ctx, grad_o: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     q, k, v, o, lse = ctx.saved_tensors
-    if eager_on_plain_tensors(q, grad_o):
-        return flash_gluon_backward(q, k, v, o, lse, grad_o, ctx.is_causal)
+    if eager_on_plain_tensors(q, grad_o):   # checked by the forward
+        return _backward(q, k, v, o, lse, grad_o, ctx.is_causal,
+                         default_backward_schedule(q.shape[-1], q.shape[-2]))
     return torch.ops.cs336.flash_gluon_bwd(q, k, v, o, lse, grad_o, ctx.is_causal)
 
 
@@ -1352,16 +1388,16 @@ def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
     ctx.mark_non_differentiable(output[1])  # the logsumexp is for the backward only
 
 
-def _backward(ctx, grad_o: Tensor, _grad_lse) -> tuple[Tensor | None, ...]:
+def _op_backward(ctx, grad_o: Tensor, _grad_lse) -> tuple[Tensor | None, ...]:
     return *_gradients(ctx, grad_o), None, None
 
 
-flash_gluon_fwd.register_autograd(_backward, setup_context=_setup_context)
+flash_gluon_fwd.register_autograd(_op_backward, setup_context=_setup_context)
 
 
 class FlashAttentionGluon(torch.autograd.Function):
     """`FlashAttentionGluon.apply(q, k, v, is_causal=False, schedule=None)` -> o, for
-    (batch, heads, seq, d) inputs: the Gluon forward and backward, through the
+    (batch, heads, seq, d) or (batch, seq, d) inputs: the Gluon forward and backward, through the
     `cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd` operators under torch.compile and
     directly in eager mode (`launch.eager_on_plain_tensors`)."""
 
@@ -1434,13 +1470,8 @@ def _resource_usage(kernel: str, d: int, is_causal: bool, tiles: Tiles,
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = {**_FORWARD_KERNELS, **_BACKWARD_KERNELS}[kernel]
-    if kernel == "delta":
-        constants = {"HEAD_D": d, "BLOCK": tiles.block_m, "num_warps": tiles.num_warps}
-    else:
-        constants = {"HEAD_D": d, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
-                     "STAGES": tiles.stages, "CAUSAL": is_causal, **_schedule_constants(kernel),
-                     "num_warps": tiles.num_warps}
+    fn = _KERNEL_FUNCTIONS[kernel]
+    constants = {**_constants(kernel, d, is_causal, tiles), "num_warps": tiles.num_warps}
     signature = {**_signature(kernel, d, tiles, dtype), **dict.fromkeys(constants, "constexpr")}
     # as the JIT specializes a launch: pointers 16-byte aligned (torch's allocations are) and
     # the sequence length a multiple of 16 (every length the benchmarks time)

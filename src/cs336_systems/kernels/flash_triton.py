@@ -75,7 +75,7 @@ from cs336_systems.kernels.checks import (
     require_triton_device,
 )
 from cs336_systems.kernels.flash_pytorch import compiled_flash_backward
-from cs336_systems.kernels.launch import direct, eager_on_plain_tensors
+from cs336_systems.kernels.launch import Launch, direct, eager_on_plain_tensors
 
 LOG2_E = tl.constexpr(1.4426950408889634)
 LN_2 = tl.constexpr(0.6931471805599453)
@@ -659,12 +659,6 @@ def _static(*sizes) -> bool:
     """Whether the sizes are plain ints (not symbolic under torch.compile), so a launch plan
     made for them can be cached."""
     return all(type(size) is int for size in sizes)
-
-
-class Launch(NamedTuple):
-    """One kernel launch's grid and its keyword arguments (constexprs, warps and stages)."""
-    grid: tuple
-    kwargs: dict
 
 
 def _forward_launch(heads, n_queries, n_keys, d: int, dtype: torch.dtype, is_causal: bool,

@@ -18,6 +18,7 @@ aligned, the keyword arguments (constexprs, warps, stages) and the current devic
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -26,6 +27,13 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime import driver
 
 from cs336_systems.kernels.checks import triton_interpreting
+
+
+class Launch(NamedTuple):
+    """One kernel launch's grid and its keyword arguments (constexprs, warps and stages), made
+    once per shape by a kernel module's launch plan."""
+    grid: tuple
+    kwargs: dict
 
 
 def _hooked() -> bool:

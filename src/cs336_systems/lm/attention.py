@@ -218,18 +218,15 @@ def flash_gluon_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = Fal
     """FlashAttention-2 for Hopper in Gluon (`kernels.flash_gluon`: TMA loads and wgmma written
     out), on (batch, heads, seq, d) inputs or (batch, seq, d) ones as one head. Where its
     kernels cannot take the inputs (a head dimension other than 64 or 128, fp32, a GPU other
-    than Hopper, the CPU), the Triton FA2 runs them, the reason logged once. One head is a
-    squeezed dim (whose backward is a view), not a selected one (whose backward zero-fills and
-    copies the whole gradient: two more kernels a backward)."""
+    than Hopper, the CPU), the Triton FA2 runs them, the reason logged once. One head runs as
+    it comes, with no dim added and removed (the kernels see (rows, d) either way): no select's
+    zero-fill and copy in the backward, no autograd nodes for views."""
     from cs336_systems.kernels.flash_gluon import FlashAttentionGluon, unsupported_reason
-    one_head = q.dim() == 3
-    heads = [t.unsqueeze(1) for t in (q, k, v)] if one_head else [q, k, v]
-    reason = unsupported_reason(*heads)
+    reason = unsupported_reason(q, k, v)
     if reason:
         _log_fallback_once(f"flash-gluon runs the Triton FA2 here: {reason}")
         return flash_triton_attention(q, k, v, is_causal)
-    o = FlashAttentionGluon.apply(*heads, is_causal)
-    return o.squeeze(1) if one_head else o
+    return FlashAttentionGluon.apply(q, k, v, is_causal)
 
 
 @functools.cache
