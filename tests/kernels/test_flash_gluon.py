@@ -157,15 +157,17 @@ def test_the_autograd_function_takes_the_long_default_backward(is_causal):
 def test_each_kernels_grid_has_a_program_per_tile_it_owns():
     """Query-tile kernels take the heads fastest over their grid, the others their tiles; the
     ping-pong forward's programs own two query tiles, the specialized backward's 128 keys."""
-    from cs336_systems.kernels.flash_gluon import _launch_plan
+    from cs336_systems.kernels.flash_gluon import Tiles, _launch_plan
     heads, seq = 48, 1000
-    grids = {kernel: _launch_plan(kernel, heads, seq, 64, True).grid
+    grids = {kernel: _launch_plan(kernel, heads, seq, 64, True, TILES[kernel][64]).grid
              for kernel in ("forward", "forward-pingpong", "dq", "dkdv", "dkdv-specialized",
                             "delta")}
     assert grids == {"forward": (heads, 16), "forward-pingpong": (heads, 8), "dq": (heads, 16),
                      "dkdv": (16, heads), "dkdv-specialized": (8, heads), "delta": (16, heads)}
-    assert _launch_plan("delta", heads, seq, 64, True).kwargs == {"HEAD_D": 64, "BLOCK": 64,
-                                                                   "num_warps": 4}
+    assert _launch_plan("delta", heads, seq, 64, True, TILES["delta"][64]).kwargs == {
+        "HEAD_D": 64, "BLOCK": 64, "num_warps": 4}
+    # other tiles (a sweep's) are another plan, not the cached default's
+    assert _launch_plan("dq", heads, seq, 64, True, Tiles(block_m=128)).grid == (heads, 8)
 
 
 def test_unsupported_inputs_say_what_is_supported():

@@ -1232,13 +1232,14 @@ def _constants(kernel: str, d: int, is_causal: bool, tiles: Tiles) -> dict:
 
 
 @functools.lru_cache(maxsize=1024)
-def _launch_plan(kernel: str, heads: int, seq: int, d: int, is_causal: bool) -> Launch:
-    """One of KERNELS over `heads` (batch x heads) sequences of seq rows at head dim d: a
-    program per tile of rows it owns of each sequence (queries for the forward, dQ and D, keys
-    for dK and dV), (heads, tiles) for the query-tile kernels (`_query_tile`), (tiles, heads)
-    for the others; its TILES and constexprs. Made once a shape (as the Triton FA2's plans):
-    the eager host time of a step is what bounds the shorter sequences."""
-    tiles = TILES[kernel][d]
+def _launch_plan(kernel: str, heads: int, seq: int, d: int, is_causal: bool,
+                 tiles: Tiles) -> Launch:
+    """One of KERNELS in `tiles` over `heads` (batch x heads) sequences of seq rows at head dim
+    d: a program per tile of rows it owns of each sequence (queries for the forward, dQ and D,
+    keys for dK and dV), (heads, tiles) for the query-tile kernels (`_query_tile`), (tiles,
+    heads) for the others; its constexprs and launch options. Made once a shape and tile set (as
+    the Triton FA2's plans): the eager host time of a step is what bounds the shorter
+    sequences."""
     own_rows = (tiles.block_n if kernel.startswith("dkdv")
                 else tiles.block_m * PROGRAM_QUERY_TILES.get(kernel, 1))
     grid = (heads, triton.cdiv(seq, own_rows))
@@ -1247,9 +1248,9 @@ def _launch_plan(kernel: str, heads: int, seq: int, d: int, is_causal: bool) -> 
 
 
 def _launch(kernel: str, shape: tuple[int, int, int], is_causal: bool, *args) -> None:
-    """Launches one of KERNELS over (heads, seq, d) rows with `args`, its plan's grid and
-    keyword arguments."""
-    plan = _launch_plan(kernel, *shape, is_causal)
+    """Launches one of KERNELS over (heads, seq, d) rows with `args`, in its TILES as they are
+    now (a sweep changes them), with its plan's grid and keyword arguments."""
+    plan = _launch_plan(kernel, *shape, is_causal, TILES[kernel][shape[2]])
     direct(_KERNEL_FUNCTIONS[kernel])[plan.grid](*args, **plan.kwargs)
 
 
