@@ -548,3 +548,31 @@ def test_a_bound_quoted_for_another_gpu_is_not_judged(tmp_path, monkeypatch):
     best = _rows(tmp_path)[("leaderboard_vs_class_best", "16x16384x64")]
     assert best["status"] == "not comparable" and best["meets_target"] is None
     assert best["reason"] == "the bound is an H100's; this ran on NVIDIA H200"
+
+
+def test_a_row_missed_eagerly_and_met_in_gpu_time_is_called_host_bound(tmp_path):
+    """The long sequences' Gluon rows: at 4096 the eager step misses and the same steps
+    replayed from CUDA graphs meet the bound (host time); at 16384 both miss (the kernels)."""
+    short, long_ = (16, 4096, 64), (16, 16384, 128)
+    graph = "forward_backward_graph_ms"
+    eager = _record(tmp_path, "long", [
+        _measured("flash-gluon", short, 0.79), _measured("sdpa-cudnn", short, 0.50),
+        _measured("flash-gluon", long_, 8.4), _measured("sdpa-cudnn", long_, 7.2)],
+        [short, long_])
+    replayed = _record(tmp_path, "long_graph", [
+        _measured("flash-gluon", short, 0.36, metric=graph),
+        _measured("sdpa-cudnn", short, 0.40, metric=graph),
+        _measured("flash-gluon", long_, 8.3, metric=graph),
+        _measured("sdpa-cudnn", long_, 7.2, metric=graph)], [short, long_])
+    facts = _facts(tmp_path, [eager, replayed])
+    assert facts["speed"]["host_bound"] == [{
+        "title": "Gluon forward+backward, long sequences", "shape": "16x4096x64",
+        "target": "≤ 0.95x SDPA cuDNN", "eager": "1.58x", "graph": "0.90x"}]
+    text = " ".join(section_text("flash", facts, link_base=tmp_path).split())
+    assert ("Host-bound: Gluon forward+backward, long sequences at 16x4096x64 misses ≤ 0.95x "
+            "SDPA cuDNN as an eager step (1.58x) and meets it in GPU time (0.90x, the same "
+            "steps replayed from CUDA graphs)") in text
+    # met eagerly too: nothing to explain
+    met = _record(tmp_path, "long", [_measured("flash-gluon", short, 0.37),
+                                     _measured("sdpa-cudnn", short, 0.40)], [short])
+    assert _facts(tmp_path, [met, replayed])["speed"]["host_bound"] == []
