@@ -236,7 +236,8 @@ def host_bound(table: pd.DataFrame) -> list[dict]:
                 found.append({"title": row["title"], "shape": row["shape"],
                               "target": row["target_text"],
                               "eager": shown(row["compared"], row["unit"]),
-                              "graph": shown(graph["compared"], graph["unit"])})
+                              "graph": shown(graph["compared"], graph["unit"]),
+                              "graph_within_spread": bool(graph["within_spread"])})
     return found
 
 
