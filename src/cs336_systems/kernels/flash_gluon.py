@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import subprocess
@@ -1270,8 +1271,8 @@ def _operands(kernel: str, d: int, made: dict, *rows: Tensor) -> list:
 
 def _rows_shape(q: Tensor) -> tuple[int, int, int]:
     """(heads, seq, d) of the kernels' rows: every (batch, head) a sequence of its own."""
-    *_, seq, d = q.shape
-    return q.numel() // (seq * d), seq, d
+    *heads, seq, d = q.shape
+    return math.prod(heads), seq, d
 
 
 def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
