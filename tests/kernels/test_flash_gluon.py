@@ -179,6 +179,8 @@ def test_unsupported_inputs_say_what_is_supported():
     with pytest.raises(ValueError, match=r"one \(batch, heads, seq, d\) or \(batch, seq, d\) "
                                          "shape"):
         check_inputs(q, q[:, :1], q)
+    with pytest.raises(ValueError, match=r"at least one row of q, k, v; got \(1, 2, 0, 64\)"):
+        check_inputs(*(q[:, :, :0],) * 3)
     with pytest.raises(ValueError, match=r"got \(1, 1, 2, 16, 64\)"):
         check_inputs(*(q[:, None],) * 3)
     for shape in (q, q[:, 0]):          # (batch, heads, seq, d), or one head

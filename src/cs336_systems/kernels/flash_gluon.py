@@ -1178,6 +1178,8 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor) -> str | None:
     if q.ndim not in (3, 4) or q.shape != k.shape or q.shape != v.shape:
         return (f"the Gluon kernels take q, k, v of one (batch, heads, seq, d) or (batch, seq, "
                 f"d) shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.numel() == 0:   # a TMA descriptor describes no empty tensor
+        return f"the Gluon kernels take at least one row of q, k, v; got {tuple(q.shape)}"
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
         return (f"the Gluon kernels support d in {SUPPORTED_HEAD_DIMS}; got {q.shape[-1]} "
                 f"(kernels.flash_triton takes any d up to 256)")
