@@ -550,6 +550,19 @@ def test_a_bound_quoted_for_another_gpu_is_not_judged(tmp_path, monkeypatch):
     assert best["reason"] == "the bound is an H100's; this ran on NVIDIA H200"
 
 
+def test_each_graph_group_times_its_eager_twins_shapes_in_gpu_time():
+    """A `<group>_graph` group is its eager group's shapes replayed from CUDA graphs, which the
+    host-bound check pairs row by row."""
+    assert {name for name in GROUPS if name.endswith("_graph")} == {
+        "long_graph", "model_shapes_graph", "batch_one_graph"}
+    for name, group in GROUPS.items():
+        if name.endswith("_graph"):
+            eager = GROUPS[name.removesuffix("_graph")]
+            assert group.metric == "forward_backward_graph_ms", name
+            assert group.case(CONFIG["defaults"]["flash"]) == eager.case(
+                CONFIG["defaults"]["flash"]), name
+
+
 def test_a_row_missed_eagerly_and_met_in_gpu_time_is_called_host_bound(tmp_path):
     """The long sequences' Gluon rows: at 4096 the eager step misses and the same steps
     replayed from CUDA graphs meet the bound (host time); at 16384 both miss (the kernels)."""

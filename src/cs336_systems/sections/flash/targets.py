@@ -286,9 +286,13 @@ TARGETS: tuple[Target, ...] = (
 
 def graph_twin(target: Target) -> Target | None:
     """The same comparison timed as GPU time: the target of the group's CUDA-graph twin
-    (`<group>_graph`) with the same implementations, operator and bound, or None."""
+    (`<group>_graph`, at the same shapes, its metric GRAPH_METRIC) with the same
+    implementations, operator and bound, or None."""
+    twin_group = GROUPS.get(f"{target.group}_graph")
+    if twin_group is None or twin_group.metric != GRAPH_METRIC:
+        return None
     for twin in TARGETS:
-        if (twin.group == f"{target.group}_graph" and twin.ours == target.ours
+        if (twin.group == twin_group.name and twin.ours == target.ours
                 and twin.reference == target.reference and twin.op == target.op
                 and twin.bound == target.bound):
             return twin
