@@ -34,24 +34,32 @@ def test_compiles_for_hopper_without_spilling(kernel, d):
     usage = compile_for_sm90(kernel, d, is_causal=True)
     assert usage["spilled_bytes"] == 0, usage
     assert usage["shared_bytes"] <= SM90_SHARED_BYTES, usage
+    # ptxas keeps every kernel's products in flight but the overlapped forward's: its P V
+    # stays in flight into the next tile's step, reading P from registers that step rewrites,
+    # and ptxas waits for each of its wgmmas at once (docs/measurements.md); should a compiler
+    # keep them in flight, this says so
+    assert usage["serialized_wgmma"] == (kernel == "forward-overlap"), usage
     # the registers a thread may have with its warps in one block of 64K (a loader partition's
     # warps count as a warpgroup of four: registers are allotted by warpgroup)
     warps = TILES[kernel][d].num_warps + {"forward-specialized": 4 * LOADER_WARPS,
                                           "forward-pingpong": 4 + 4 * LOADER_WARPS,
-                                          "dkdv-specialized": 8 + 4 * LOADER_WARPS}.get(kernel, 0)
+                                          "dkdv-specialized": 8 + 4 * LOADER_WARPS,
+                                          "dkdv-paired": 4 + 4 * LOADER_WARPS}.get(kernel, 0)
     assert usage["registers"] <= min(255, 65536 // (32 * warps)), usage
 
 
 def test_an_unknown_kernel_says_which_there_are():
     with pytest.raises(ValueError, match="allowed: forward, forward-overlap, "
                                          "forward-specialized, forward-pingpong, dkdv, dq, "
-                                         "dkdv-atomic, dkdv-specialized, delta"):
+                                         "dkdv-atomic, dkdv-specialized, dkdv-paired, "
+                                         "delta"):
         compile_for_sm90("backward", 64, True)
 
 
 def test_every_head_dimension_has_each_default_schedules_tiles():
     """flash-gluon runs the default schedules at every supported d; the others say which they
-    take (the atomic and specialized backwards, d 64: at 128 their key-tile kernels spill)."""
+    take (the atomic and specialized backwards, d 64: at 128 their key-tile kernels spill; the
+    paired one, d 128)."""
     assert set(DEFAULT_SCHEDULES) == set(SUPPORTED_HEAD_DIMS)
     assert set(DEFAULT_BACKWARD_SCHEDULES) == set(SUPPORTED_HEAD_DIMS)
     for d, schedule in DEFAULT_SCHEDULES.items():
@@ -68,7 +76,10 @@ def test_every_head_dimension_has_each_default_schedules_tiles():
         with pytest.raises(ValueError, match=rf"the {schedule} backward takes d in \(64,\); "
                                              "got 128"):
             flash_gluon_backward(q, q, q, q, q[..., 0].float(), q, True, schedule)
-    with pytest.raises(ValueError, match="allowed: split, atomic"):
+    q = q[..., :64]
+    with pytest.raises(ValueError, match=r"the paired backward takes d in \(128,\); got 64"):
+        flash_gluon_backward(q, q, q, q, q[..., 0].float(), q, True, "paired")
+    with pytest.raises(ValueError, match="allowed: split, atomic, specialized, paired"):
         flash_gluon_backward(q, q, q, q, q[..., 0].float(), q, True, "fused")
 
 
@@ -129,23 +140,26 @@ def test_gradients_match_float64(schedule, d, seq, is_causal):
         assert error < 2e-2, f"d{name}: relative error {error:.3g}"
 
 
-def test_the_default_backward_is_specialized_for_long_sequences_at_d64():
+def test_the_default_backward_is_warp_specialized_for_long_sequences():
     assert [default_backward_schedule(64, seq) for seq in (1, 4096, 8191, 8192, 65536)] == [
         "split", "split", "split", "specialized", "specialized"]
-    assert {default_backward_schedule(128, seq) for seq in (1, 8192, 65536)} == {"split"}
+    assert [default_backward_schedule(128, seq) for seq in (1, 2048, 4095, 4096, 65536)] == [
+        "split", "split", "split", "paired", "paired"]
 
 
 @needs_hopper
+@pytest.mark.parametrize("d, schedule", [(64, "specialized"), (128, "paired")])
 @pytest.mark.parametrize("is_causal", [True, False])
-def test_the_autograd_function_takes_the_long_default_backward(is_causal):
-    """At 8192 keys and d 64 the autograd function runs the specialized backward: its
-    gradients against float64 (one head, so that the reference's scores fit)."""
-    torch.manual_seed(8192)
-    seq = max(length for length in DEFAULT_BACKWARD_SCHEDULES[64])
-    q, k, v = (torch.randn(1, 1, seq + 3, 64, device="cuda", dtype=torch.bfloat16,
+def test_the_autograd_function_takes_the_long_default_backward(d, schedule, is_causal):
+    """From its head dim's first long length on (8192 keys at d 64, 4096 at 128) the autograd
+    function runs the warp-specialized backward: its gradients against float64 (one head, so
+    that the reference's scores fit), at a length with a masked tail."""
+    torch.manual_seed(8192 + d)
+    seq = max(length for length in DEFAULT_BACKWARD_SCHEDULES[d])
+    q, k, v = (torch.randn(1, 1, seq + 3, d, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for _ in range(3))
-    grad_o = torch.randn(1, 1, seq + 3, 64, device="cuda", dtype=torch.bfloat16)
-    assert default_backward_schedule(64, seq + 3) == "specialized"
+    grad_o = torch.randn(1, 1, seq + 3, d, device="cuda", dtype=torch.bfloat16)
+    assert default_backward_schedule(d, seq + 3) == schedule
     FlashAttentionGluon.apply(q, k, v, is_causal).backward(grad_o)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     _reference(q64, k64, v64, is_causal)[0].backward(grad_o.double())
@@ -156,7 +170,8 @@ def test_the_autograd_function_takes_the_long_default_backward(is_causal):
 
 def test_each_kernels_grid_has_a_program_per_tile_it_owns():
     """Query-tile kernels take the heads fastest over their grid, the others their tiles; the
-    ping-pong forward's programs own two query tiles, the specialized backward's 128 keys."""
+    ping-pong forward's programs own two query tiles, the specialized and paired backwards'
+    128 keys."""
     from cs336_systems.kernels.flash_gluon import Tiles, _launch_plan
     heads, seq = 48, 1000
     grids = {kernel: _launch_plan(kernel, heads, seq, 64, True, TILES[kernel][64]).grid
@@ -164,6 +179,8 @@ def test_each_kernels_grid_has_a_program_per_tile_it_owns():
                             "delta")}
     assert grids == {"forward": (heads, 16), "forward-pingpong": (heads, 8), "dq": (heads, 16),
                      "dkdv": (16, heads), "dkdv-specialized": (8, heads), "delta": (16, heads)}
+    assert _launch_plan("dkdv-paired", heads, seq, 128, True,
+                        TILES["dkdv-paired"][128]).grid == (8, heads)
     assert _launch_plan("delta", heads, seq, 64, True, TILES["delta"][64]).kwargs == {
         "HEAD_D": 64, "BLOCK": 64, "num_warps": 4}
     # other tiles (a sweep's) are another plan, not the cached default's

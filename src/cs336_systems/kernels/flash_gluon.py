@@ -6,13 +6,14 @@ the compiler. The forward comes in four schedules (`SCHEDULES`): each wgmma wait
 tile's S and this tile's P V (`overlapped`), FlashAttention-3's warp specialization, a loader
 warp issuing every TMA load while the other warps compute (`specialized`), and the same with
 two consumer warpgroups taking turns at the tensor cores, each overlapping its softmax with its
-own P V (`pingpong`, the default at d 128; `DEFAULT_SCHEDULES`). The backward comes in three
+own P V (`pingpong`, the default at d 128; `DEFAULT_SCHEDULES`). The backward comes in four
 (`BACKWARD_SCHEDULES`): a query-tile kernel for dQ and a key-tile kernel for dK and dV
-(`split`, the default but for long sequences at d 64), the key-tile kernel adding each tile's
-dQ with TMA bulk reductions (`atomic`, d 64: on an H200 as fast as `split` at 16384 and slower
-at 4096), or FlashAttention-3's warp specialization of that kernel: a loader warp, two consumer
-warpgroups each owning half the program's keys, and a warpgroup for dQ (`specialized`, d 64,
-the default there from 8192 keys on; `DEFAULT_BACKWARD_SCHEDULES`). `lm.attention` registers
+(`split`, the default for shorter sequences), the key-tile kernel adding each tile's dQ with
+TMA bulk reductions (`atomic`, d 64: on an H200 as fast as `split` at 16384 and slower at
+4096), or FlashAttention-3's warp specialization of that kernel: a loader warp and two consumer
+warpgroups each owning half the program's keys, with a warpgroup for dQ (`specialized`, d 64,
+the default there from 8192 keys on) or each consumer computing half of dQ's columns
+(`paired`, d 128, the default there from 4096 keys on; `DEFAULT_BACKWARD_SCHEDULES`). `lm.attention` registers
 the defaults as the attention choice `flash-gluon` (the Triton FA2 where these kernels cannot
 take the inputs); torch.compile sees two custom operators, `cs336::flash_gluon_fwd` and
 `cs336::flash_gluon_bwd`.
@@ -40,7 +41,8 @@ program (bh, m) of the first launch computes D alone, and the key-tile kernel's 
 dS K for each query tile they walk to that tile's dQ rows (fp32), one TMA bulk reduction a
 tile, as FlashAttention-3 does; in the specialized schedule, program (n, bh) owns 2 x 64 keys,
 64 to each consumer warpgroup, and a fourth warpgroup computes and adds the tile's dQ over all
-of them once both consumers have written their dS^T to shared memory. A program's compute
+of them once both consumers have written their dS^T to shared memory; in the paired schedule
+each consumer then computes and adds half of the tile's dQ columns itself. A program's compute
 warps are num_warps // 4 warpgroups, which split the rows of each wgmma. Heads vary fastest
 over the grid, and under the causal mask the query-tile kernels take their tiles last first:
 the programs with the most key tiles start first and the shortest fill the tail
@@ -116,8 +118,9 @@ LN_2 = gl.constexpr(0.6931471805599453)
 # the warp-specialized forward's loader partition: one warp, the fewest registers a warp may keep
 LOADER_WARPS = gl.constexpr(1)
 LOADER_REGISTERS = gl.constexpr(24)
-# the ping-pong forward's second consumer warpgroup (the first, the default partition, gets as
-# many from Triton): with the loader's warpgroup at 24, three warpgroups fit 64K registers
+# the ping-pong forward's second consumer warpgroup, and the paired backward's (the first, the
+# default partition, gets as many from Triton): with the loader's warpgroup at 24, three
+# warpgroups fit 64K registers
 PINGPONG_REGISTERS = gl.constexpr(240)
 # the specialized backward's four warpgroups at its launch's 128 registers a thread: the second
 # consumer and the dQ warpgroup take these, the loader 24, the first consumer the rest (208)
@@ -372,7 +375,10 @@ def _overlapped_tiles(k_desc, v_desc, q_smem, k_smem, v_smem, kv_ready, head_row
     the softmax of S_j, a wait that completes P_{j-1} V_{j-1}, O = alpha O, then P_j V_j; a wait
     that completes S_{j+1} ends the step (wgmma groups complete in issue order). The last
     step's S_{j+1} is its own S_j again (a spare product, so that every wait is the same).
-    STAGES >= 3: a slot is refilled once P V has read it."""
+    STAGES >= 3: a slot is refilled once P V has read it. ptxas (Triton 3.6 and 3.9) serializes
+    this kernel's wgmmas, each waited for at once (`compile_for_sm90`'s serialized_wgmma): P V
+    reads P from registers while the next step runs, which is why it is slower than the waited
+    schedule (docs/measurements.md)."""
     gl.static_assert(STAGES >= 3, "the overlapped forward needs three K/V slots or more")
     dtype: gl.constexpr = q_smem.dtype
     m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -870,14 +876,22 @@ def attention_delta_kernel(o_ptr, do_ptr, delta_ptr, seq, HEAD_D: gl.constexpr,
 
 
 @gluon.jit
-def _dkdv_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_ready, q_ready, q_empty,
-                   ds_ready, ds_free, dk_ptr, dv_ptr, lse_ptr, delta_ptr, head_row,
-                   start_n, first, n_tiles, seq, qk_scale, sm_scale, CONSUMER: gl.constexpr,
-                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def _dkdv_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready,
+                   q_empty, ds_ready, ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
+                   head_row, start_n, first, n_tiles, seq, qk_scale, sm_scale,
+                   CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                   DQ_WARPGROUP: gl.constexpr):
     """Consumer CONSUMER (0 or 1): keys start_n + CONSUMER * BLOCK_N // 2 onwards, their dK and
     dV over the walked query tiles (transposed products, as `_dkdv_tile`), and their rows of
-    each tile's dS^T for the dQ warpgroup, through two buffers in turn."""
+    each tile's dS^T, through two buffers in turn: for the dQ warpgroup (DQ_WARPGROUP), or, once
+    the other consumer's rows are there too, for this consumer's own half of dQ's columns, dS
+    times its half of K's, added to dQ's fp32 rows by one TMA reduction (FlashAttention-3's
+    schedule at d 128, where a dQ warpgroup leaves the consumers too few registers). Without
+    the dQ warpgroup a buffer needs no release: a consumer writes it again two tiles on, past
+    the other's arrival at the tile between, which that one makes once its products of this
+    tile, dQ's among them, are done. The logsumexp and D are loaded once the products that
+    need them are done, so that they do not hold registers while S^T and dP^T are in flight."""
     KEYS: gl.constexpr = BLOCK_N // 2
     layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, HEAD_D, 4)     # the consumer's keys by...
     st_layout: gl.constexpr = layouts[0]                            # ...the walked queries
@@ -887,7 +901,6 @@ def _dkdv_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_ready, q_ready, 
     my_k = k_smem.slice(CONSUMER * KEYS, KEYS)
     my_v = v_smem.slice(CONSUMER * KEYS, KEYS)
     my_start = start_n + CONSUMER * KEYS
-    zero = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)
     dk = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
     dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
@@ -901,30 +914,78 @@ def _dkdv_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_ready, q_ready, 
         q_tile = q_smem.index(slot)
         do_tile = do_smem.index(slot)
         mbarrier.wait(q_ready.index(slot), (j // STAGES) & 1)
+        zero = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)    # (not live across tiles)
         st = warpgroup_mma(my_k, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
         dpt = warpgroup_mma(my_v, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-        lse2 = gl.load(lse_ptr + head_row + rows, mask=rows < seq, other=0.0) * LOG2_E_GL
-        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        if DQ_WARPGROUP:
+            lse2 = gl.load(lse_ptr + head_row + rows, mask=rows < seq, other=0.0) * LOG2_E_GL
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        else:
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+            lse2 = _query_values(lse_ptr + head_row, start_m, seq, st_layout, BLOCK_M) * LOG2_E_GL
         pt = _probabilities_t(st, lse2, my_start, start_m, seq, qk_scale, needs_mask, st_layout,
                               KEYS, BLOCK_M, CAUSAL, True)
-        delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
-        dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
+        if DQ_WARPGROUP:
+            delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
+            dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
+        else:
+            dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
+            delta = _query_values(delta_ptr + head_row, start_m, seq, st_layout, BLOCK_M)
         dst = (pt * (dpt - delta[None, :])).to(dtype)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_tile, dv,
                            is_async=True)
         dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_tile, dk, is_async=True)
         # this consumer's dS^T rows into the tile's buffer, once the dQ warpgroup has read the
         # buffer's last tile (two tiles ago); the dQ warpgroup takes it from there
-        mbarrier.wait(ds_free.index(buf), ((j // 2) & 1) ^ 1)
+        if DQ_WARPGROUP:
+            mbarrier.wait(ds_free.index(buf), ((j // 2) & 1) ^ 1)
         ds_smem.index(buf).slice(CONSUMER * KEYS, KEYS).store(dst)
         fence_async_shared()
         _barrier()                      # every thread's rows written before the one arrive
         mbarrier.arrive(ds_ready.index(buf), count=1)
+        if not DQ_WARPGROUP:
+            _dq_half(k_smem, ds_smem.index(buf), dq_smem, ds_ready.index(buf), dq_desc,
+                     head_row + start_m, (j // 2) & 1, sm_scale, CONSUMER, HEAD_D, BLOCK_M)
         dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
         mbarrier.arrive(q_empty.index(slot), count=1)
 
+    if not DQ_WARPGROUP:
+        tma.store_wait(0)               # the last reduction has read this consumer's buffer
     _store_rows(dk_ptr, dk * sm_scale, head_row, my_start, seq, acc_layout, HEAD_D, KEYS)
     _store_rows(dv_ptr, dv, head_row, my_start, seq, acc_layout, HEAD_D, KEYS)
+
+
+@gluon.jit
+def _query_values(ptr, start_m, seq, st_layout: gl.constexpr, BLOCK_M: gl.constexpr):
+    """The walked query tile's values of a row vector (the logsumexp, D) in the columns of the
+    transposed scores (`st_layout`), where a thread holds 16 of 64 queries: loaded one a thread
+    (a pointer each where the columns' layout would take 16) and spread through shared memory,
+    so that their addresses take no registers beside the products in flight."""
+    one_a_thread: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    rows = start_m + gl.arange(0, BLOCK_M, one_a_thread)
+    values = gl.load(ptr + rows, mask=rows < seq, other=0.0)
+    return gl.convert_layout(values, gl.SliceLayout(0, st_layout))
+
+
+@gluon.jit
+def _dq_half(k_smem, ds_tile, dq_smem, ds_ready, dq_desc, row, phase, sm_scale,
+             CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr):
+    """A consumer's half of a tile's dQ columns: once both consumers' dS^T rows are in
+    `ds_tile`, dS K over all the program's keys and this consumer's HEAD_D // 2 columns of K,
+    added to dQ's fp32 rows from `row` by one TMA reduction from the consumer's own buffer."""
+    HALF: gl.constexpr = HEAD_D // 2
+    acc_layout: gl.constexpr = _wgmma_layouts(BLOCK_M, HALF, 4)[1]
+    mbarrier.wait(ds_ready, phase)
+    dq = warpgroup_mma(ds_tile.permute((1, 0)), k_smem.slice(CONSUMER * HALF, HALF, dim=1),
+                       gl.zeros([BLOCK_M, HALF], gl.float32, acc_layout), use_acc=False,
+                       is_async=True)
+    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+    my_dq = dq_smem.index(CONSUMER)
+    tma.store_wait(0)                   # this consumer's last reduction has read its buffer
+    my_dq.store(dq * sm_scale)
+    fence_async_shared()
+    _barrier()
+    _tma_add(dq_desc, [row, CONSUMER * HALF], my_dq)
 
 
 @gluon.jit
@@ -971,7 +1032,8 @@ def attention_dkdv_specialized_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, 
                                       lse_ptr, delta_ptr, seq, qk_scale, sm_scale,
                                       HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                                      CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                                      CAUSAL: gl.constexpr, DQ_WARPGROUP: gl.constexpr,
+                                      num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
     pid_n = gl.program_id(0)            # which BLOCK_N keys
     bh = gl.program_id(1)               # which (batch, head)
@@ -998,25 +1060,47 @@ def attention_dkdv_specialized_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, 
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)   # both consumers write their halves
         mbarrier.init(ds_free.index(i), count=1)    # the dQ warpgroup has read them
-    # two buffers of a tile's fp32 dQ, which the dQ warpgroup's TMA reductions read
+    # two buffers of a tile's fp32 dQ (a tile's, or a consumer's half of its columns), which
+    # the TMA reductions read
     dq_smem = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape,
                                         dq_desc.layout)
 
-    gl.warp_specialize([
-        (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_ready, q_ready, q_empty,
-                          ds_ready, ds_free, dk_ptr, dv_ptr, lse_ptr, delta_ptr, head_row,
-                          start_n, first, n_tiles, seq, qk_scale, sm_scale, 0, HEAD_D, BLOCK_M,
-                          BLOCK_N, STAGES, CAUSAL)),
-        (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_ready, q_ready, q_empty,
-                          ds_ready, ds_free, dk_ptr, dv_ptr, lse_ptr, delta_ptr, head_row,
-                          start_n, first, n_tiles, seq, qk_scale, sm_scale, 1, HEAD_D, BLOCK_M,
-                          BLOCK_N, STAGES, CAUSAL)),
-        (_dkdv_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem,
-                                do_smem, kv_ready, q_ready, q_empty, head_row, start_n, first,
-                                n_tiles, BLOCK_M, STAGES)),
-        (_dq_partition, (k_smem, ds_smem, dq_smem, kv_ready, ds_ready, ds_free, dq_desc,
-                         head_row, first, n_tiles, sm_scale, HEAD_D, BLOCK_M)),
-    ], [num_warps, LOADER_WARPS, 4], [CONSUMER_REGISTERS, LOADER_REGISTERS, DQ_REGISTERS])
+    # (a partition is a function and its arguments, written out in each call: a kernel's
+    # variables cannot hold functions)
+    if DQ_WARPGROUP:
+        gl.warp_specialize([
+            (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready,
+                              q_ready, q_empty, ds_ready, ds_free, dq_desc, dk_ptr, dv_ptr,
+                              lse_ptr, delta_ptr, head_row, start_n, first, n_tiles, seq,
+                              qk_scale, sm_scale, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                              True)),
+            (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready,
+                              q_ready, q_empty, ds_ready, ds_free, dq_desc, dk_ptr, dv_ptr,
+                              lse_ptr, delta_ptr, head_row, start_n, first, n_tiles, seq,
+                              qk_scale, sm_scale, 1, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                              True)),
+            (_dkdv_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem,
+                                    do_smem, kv_ready, q_ready, q_empty, head_row, start_n,
+                                    first, n_tiles, BLOCK_M, STAGES)),
+            (_dq_partition, (k_smem, ds_smem, dq_smem, kv_ready, ds_ready, ds_free, dq_desc,
+                             head_row, first, n_tiles, sm_scale, HEAD_D, BLOCK_M)),
+        ], [num_warps, LOADER_WARPS, 4], [CONSUMER_REGISTERS, LOADER_REGISTERS, DQ_REGISTERS])
+    else:
+        gl.warp_specialize([
+            (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready,
+                              q_ready, q_empty, ds_ready, ds_free, dq_desc, dk_ptr, dv_ptr,
+                              lse_ptr, delta_ptr, head_row, start_n, first, n_tiles, seq,
+                              qk_scale, sm_scale, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                              False)),
+            (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready,
+                              q_ready, q_empty, ds_ready, ds_free, dq_desc, dk_ptr, dv_ptr,
+                              lse_ptr, delta_ptr, head_row, start_n, first, n_tiles, seq,
+                              qk_scale, sm_scale, 1, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                              False)),
+            (_dkdv_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem,
+                                    do_smem, kv_ready, q_ready, q_empty, head_row, start_n,
+                                    first, n_tiles, BLOCK_M, STAGES)),
+        ], [num_warps, LOADER_WARPS], [PINGPONG_REGISTERS, LOADER_REGISTERS])
 
     mbarrier.invalidate(kv_ready)
     for i in gl.static_range(STAGES):
@@ -1031,6 +1115,7 @@ def attention_dkdv_specialized_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, 
 _BACKWARD_KERNELS = {"dq": attention_dq_kernel, "dkdv": attention_dkdv_kernel,
                      "dkdv-atomic": attention_dkdv_kernel,
                      "dkdv-specialized": attention_dkdv_specialized_kernel,
+                     "dkdv-paired": attention_dkdv_specialized_kernel,
                      "delta": attention_delta_kernel}
 _KERNEL_FUNCTIONS = {**_FORWARD_KERNELS, **_BACKWARD_KERNELS}
 
@@ -1089,7 +1174,7 @@ class Tiles:
 
 
 KERNELS = ("forward", "forward-overlap", "forward-specialized", "forward-pingpong", "dkdv", "dq",
-           "dkdv-atomic", "dkdv-specialized", "delta")
+           "dkdv-atomic", "dkdv-specialized", "dkdv-paired", "delta")
 # the forward's schedules, each the kernel of KERNELS that runs it: each wgmma waited for
 # (FlashAttention-2's), FlashAttention-3's overlap inside a warpgroup, FlashAttention-3's
 # producer and consumer warps (a loader warp and the compute warps), and its ping-pong (a loader
@@ -1110,15 +1195,21 @@ _QUERY_TILE_KERNELS = ("forward", "forward-overlap", "forward-specialized", "for
 # then the key-tile kernel (dK, dV), FlashAttention-2's five products and two more (S and dP
 # for dQ); or D alone, then a key-tile kernel adding each tile's dQ with a TMA bulk reduction,
 # five products (FlashAttention-3's dQ): every warp loading and computing (atomic), or a loader
-# warp, two consumer warpgroups and a dQ warpgroup (specialized)
+# warp and two consumer warpgroups, with a dQ warpgroup (specialized) or each consumer adding
+# half of dQ's columns (paired: FlashAttention-3's tiles at d 128, where dK and dV alone take a
+# consumer 128 registers a thread and a dQ warpgroup would leave it too few)
 BACKWARD_SCHEDULES = {"split": ("dq", "dkdv"), "atomic": ("delta", "dkdv-atomic"),
-                      "specialized": ("delta", "dkdv-specialized")}
+                      "specialized": ("delta", "dkdv-specialized"),
+                      "paired": ("delta", "dkdv-paired")}
 # the schedule a backward runs unless told, per head dim and from which sequence length on:
 # the fastest on an H200 (docs/measurements.md, "The warp-specialized Gluon backward"). At d 64
 # the specialized backward's programs own 128 keys each, and below 8192 too few of them fill
 # the GPU: replayed from CUDA graphs it took 0.86x split's time at 16 x 16384, 0.95x at
-# 8 x 8192, the same at 16 x 4096 and 16 x 1024, 1.07x at 32 x 2048 and 1.22x at 48 x 512
-DEFAULT_BACKWARD_SCHEDULES = {64: {0: "split", 8192: "specialized"}, 128: {0: "split"}}
+# 8 x 8192, the same at 16 x 4096 and 16 x 1024, 1.07x at 32 x 2048 and 1.22x at 48 x 512.
+# At d 128 the paired backward took 0.78x split's time at 16 x 16384, 0.90x at 16 x 8192 and
+# 0.965x at 16 x 4096, and 1.04x at 32 x 2048 (the same measurement, docs/measurements.md)
+DEFAULT_BACKWARD_SCHEDULES = {64: {0: "split", 8192: "specialized"},
+                              128: {0: "split", 4096: "paired"}}
 
 
 def default_backward_schedule(d: int, seq: int) -> str:
@@ -1162,8 +1253,12 @@ TILES = {
     # of backward at 16 x 16384 against cuDNN's 3.22 and 3.21 in one process. At d 128 its
     # earlier forms spilled and were slower than split but at 16384 (docs/measurements.md)
     "dkdv-specialized": {64: Tiles(block_m=64, block_n=128, num_warps=4, max_registers=128)},
+    # the same without the dQ warpgroup, each consumer computing half of dQ's columns, d 128
+    # only: the launch's 168 registers a thread over three warpgroups, the consumers then taking
+    # 240 (PINGPONG_REGISTERS). 193 KiB of shared memory, one program an SM
+    "dkdv-paired": {128: Tiles(block_m=64, block_n=128, num_warps=4, max_registers=168)},
     # block_m rows a program
-    "delta": {64: Tiles(block_m=64, num_warps=4)},
+    "delta": {64: Tiles(block_m=64, num_warps=4), 128: Tiles(block_m=64, num_warps=4)},
 }
 
 
@@ -1205,11 +1300,19 @@ def _rows(*tensors: Tensor) -> list[Tensor]:
     return [t.contiguous().view(-1, t.shape[-1]) for t in tensors]
 
 
-def _descriptor(t: Tensor, block_rows: int):
+def _descriptor(t: Tensor, block_rows: int, block_cols: int | None = None):
+    """A TMA descriptor of 2-D rows `t` in tiles of block_rows by block_cols (all of a row)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     rows, d = t.shape
-    return TensorDescriptor(t, [rows, d], [d, 1], [block_rows, d],
-                            _shared_layout(block_rows, d, _DESCRIBED[t.dtype]))
+    block_cols = block_cols or d
+    return TensorDescriptor(t, [rows, d], [d, 1], [block_rows, block_cols],
+                            _shared_layout(block_rows, block_cols, _DESCRIBED[t.dtype]))
+
+
+def _dq_columns(kernel: str, d: int) -> int:
+    """The columns of dQ that one TMA reduction of a key-tile kernel adds: half of them where
+    each consumer adds its own half (`dkdv-paired`)."""
+    return d // 2 if kernel == "dkdv-paired" else d
 
 
 def _check_schedule(schedule: str, schedules: dict = SCHEDULES) -> None:
@@ -1223,6 +1326,8 @@ def _schedule_constants(kernel: str) -> dict:
         return {"OVERLAP": kernel == "forward-overlap"}
     if kernel in ("dkdv", "dkdv-atomic"):
         return {"ATOMIC_DQ": kernel == "dkdv-atomic"}
+    if kernel in ("dkdv-specialized", "dkdv-paired"):
+        return {"DQ_WARPGROUP": kernel == "dkdv-specialized"}
     return {}
 
 
@@ -1304,7 +1409,8 @@ def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor
     kernel (dQ, and D = rowsum(dO * O) for each of its rows), then the key-tile kernel (dK, dV),
     which reads D. "atomic" and "specialized": D alone, then a key-tile kernel which also adds
     each tile's dQ to fp32 rows with TMA bulk reductions, its warps all loading and computing
-    (no faster than split on an H200) or a loader warp and two consumer warpgroups
+    (no faster than split on an H200) or a loader warp and two consumer warpgroups, with a dQ
+    warpgroup ("specialized") or each adding half of dQ's columns ("paired")
     (docs/measurements.md)."""
     if schedule is not None:
         _check_schedule(schedule, BACKWARD_SCHEDULES)
@@ -1338,7 +1444,8 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, grad_o: T
     dq = torch.zeros(q2.shape, dtype=torch.float32, device=q.device)
     kernel = BACKWARD_SCHEDULES[schedule][-1]
     _launch(kernel, shape, is_causal, *_operands(kernel, d, made, q2, k2, v2, do2),
-            _descriptor(dq, TILES[kernel][d].block_m), dk, dv, lse, delta, seq, *scales)
+            _descriptor(dq, TILES[kernel][d].block_m, _dq_columns(kernel, d)), dk, dv, lse,
+            delta, seq, *scales)
     return dq.to(q.dtype).view(q.shape), dk.view(k.shape), dv.view(v.shape)
 
 
@@ -1423,7 +1530,8 @@ class FlashAttentionGluon(torch.autograd.Function):
 def compile_for_sm90(kernel: str, d: int, is_causal: bool, tiles: Tiles | None = None,
                      dtype: torch.dtype = torch.bfloat16) -> dict:
     """Compile one of `KERNELS` for sm90a here (no GPU needed): its registers a thread, bytes
-    spilled to local memory and bytes of shared memory, from the cubin. Where this process runs
+    spilled to local memory, bytes of shared memory and whether ptxas serialized its wgmmas,
+    from the cubin. Where this process runs
     Triton's interpreter (a CPU machine: `kernels` turns it on), in a child process without it:
     Gluon kernels compile, they do not interpret."""
     if kernel not in KERNELS:
@@ -1460,7 +1568,8 @@ def _signature(kernel: str, d: int, tiles: Tiles, dtype: torch.dtype) -> dict:
                 "qk_scale": "fp32"}
     tensors["do_desc"] = descriptor(q_rows)
     if kernel.startswith("dkdv"):   # dQ: the split one's unused, the atomic one's fp32 tiles
-        dq = (f"tensordesc<fp32[{q_rows}, {d}],{_shared_layout(q_rows, d, gl.float32)!r}>"
+        cols = _dq_columns(kernel, d)
+        dq = (f"tensordesc<fp32[{q_rows}, {cols}],{_shared_layout(q_rows, cols, gl.float32)!r}>"
               if kernel != "dkdv" else f"*{name}")
         pointers = {"dq_desc": dq, "dk_ptr": f"*{name}", "dv_ptr": f"*{name}"}
     else:
@@ -1487,12 +1596,17 @@ def _resource_usage(kernel: str, d: int, is_causal: bool, tiles: Tiles,
         f.write(compiled.asm["cubin"])
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     try:
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout
+        usage, sass = (subprocess.run([tool, flag, f.name], capture_output=True, text=True,
+                                      check=True).stdout for flag in ("-res-usage", "-sass"))
     finally:
         os.unlink(f.name)
     # spilled registers live on the thread's stack (the driver's local size, Triton's n_spills
     # times 4), or in local memory
     fields = {name: int(value) for name, value in re.findall(r"(REG|STACK|LOCAL):(\d+)", usage)}
+    # ptxas serializes a kernel's wgmmas where it cannot keep them in flight (its C7512 note,
+    # which Triton does not show: "insufficient register resources"): then every HGMMA ends
+    # its own group (gsb0) and is waited for at once, the products in flight lost
+    products = re.findall(r"HGMMA\.[^;]*;", sass)
     return {"registers": fields["REG"], "spilled_bytes": fields["STACK"] + fields["LOCAL"],
-            "shared_bytes": compiled.metadata.shared}
+            "shared_bytes": compiled.metadata.shared,
+            "serialized_wgmma": bool(products) and all("gsb0" in p for p in products)}
