@@ -876,10 +876,7 @@ def attention_delta_kernel(o_ptr, do_ptr, delta_ptr, seq, HEAD_D: gl.constexpr,
 
 
 @gluon.jit
-def _dkdv_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready,
-                   q_empty, ds_ready, ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
-                   head_row, start_n, first, n_tiles, seq, qk_scale, sm_scale,
-                   CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                    DQ_WARPGROUP: gl.constexpr):
     """Consumer CONSUMER (0 or 1): keys start_n + CONSUMER * BLOCK_N // 2 onwards, their dK and
@@ -892,6 +889,9 @@ def _dkdv_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, 
     the other's arrival at the tile between, which that one makes once its products of this
     tile, dQ's among them, are done. The logsumexp and D are loaded once the products that
     need them are done, so that they do not hold registers while S^T and dP^T are in flight."""
+    (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready, q_empty, ds_ready,
+     ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, head_row, start_n, first, n_tiles, seq,
+     qk_scale, sm_scale) = shared       # what both consumers take (the kernel's `shared`)
     KEYS: gl.constexpr = BLOCK_N // 2
     layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, HEAD_D, 4)     # the consumer's keys by...
     st_layout: gl.constexpr = layouts[0]                            # ...the walked queries
@@ -1065,41 +1065,26 @@ def attention_dkdv_specialized_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, 
     dq_smem = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape,
                                         dq_desc.layout)
 
-    # (a partition is a function and its arguments, written out in each call: a kernel's
-    # variables cannot hold functions)
+    # what both consumers take (a partition is written out in each call: a kernel's variables
+    # hold values and tuples of them, not functions)
+    shared = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready, q_empty,
+              ds_ready, ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, head_row, start_n,
+              first, n_tiles, seq, qk_scale, sm_scale)
+    loads = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_ready, q_ready,
+             q_empty, head_row, start_n, first, n_tiles, BLOCK_M, STAGES)
     if DQ_WARPGROUP:
         gl.warp_specialize([
-            (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready,
-                              q_ready, q_empty, ds_ready, ds_free, dq_desc, dk_ptr, dv_ptr,
-                              lse_ptr, delta_ptr, head_row, start_n, first, n_tiles, seq,
-                              qk_scale, sm_scale, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                              True)),
-            (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready,
-                              q_ready, q_empty, ds_ready, ds_free, dq_desc, dk_ptr, dv_ptr,
-                              lse_ptr, delta_ptr, head_row, start_n, first, n_tiles, seq,
-                              qk_scale, sm_scale, 1, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                              True)),
-            (_dkdv_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem,
-                                    do_smem, kv_ready, q_ready, q_empty, head_row, start_n,
-                                    first, n_tiles, BLOCK_M, STAGES)),
+            (_dkdv_consumer, (shared, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, True)),
+            (_dkdv_consumer, (shared, 1, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, True)),
+            (_dkdv_load_partition, loads),
             (_dq_partition, (k_smem, ds_smem, dq_smem, kv_ready, ds_ready, ds_free, dq_desc,
                              head_row, first, n_tiles, sm_scale, HEAD_D, BLOCK_M)),
         ], [num_warps, LOADER_WARPS, 4], [CONSUMER_REGISTERS, LOADER_REGISTERS, DQ_REGISTERS])
     else:
         gl.warp_specialize([
-            (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready,
-                              q_ready, q_empty, ds_ready, ds_free, dq_desc, dk_ptr, dv_ptr,
-                              lse_ptr, delta_ptr, head_row, start_n, first, n_tiles, seq,
-                              qk_scale, sm_scale, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                              False)),
-            (_dkdv_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready,
-                              q_ready, q_empty, ds_ready, ds_free, dq_desc, dk_ptr, dv_ptr,
-                              lse_ptr, delta_ptr, head_row, start_n, first, n_tiles, seq,
-                              qk_scale, sm_scale, 1, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                              False)),
-            (_dkdv_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem,
-                                    do_smem, kv_ready, q_ready, q_empty, head_row, start_n,
-                                    first, n_tiles, BLOCK_M, STAGES)),
+            (_dkdv_consumer, (shared, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, False)),
+            (_dkdv_consumer, (shared, 1, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, False)),
+            (_dkdv_load_partition, loads),
         ], [num_warps, LOADER_WARPS], [PINGPONG_REGISTERS, LOADER_REGISTERS])
 
     mbarrier.invalidate(kv_ready)
