@@ -49,9 +49,9 @@ CANDIDATES = {
     # the warp-specialized one: block_n keys over two consumer warpgroups, with a loader warp and
     # a dQ warpgroup, 128 registers at launch (four warpgroups)
     "dkdv-specialized": {64: [Tiles(64, 128, 2, 4, 128), Tiles(64, 128, 3, 4, 128)]},
-    # the same without the dQ warpgroup, each consumer adding half of dQ's columns (d 128): a
-    # third ring slot does not fit in shared memory
-    "dkdv-paired": {128: [Tiles(64, 128, 2, 4, 168)]},
+    # the same without the dQ warpgroup, each consumer adding half of dQ's columns (d 128); a
+    # third ring slot just fits in shared memory
+    "dkdv-paired": {128: [Tiles(64, 128, 2, 4, 168), Tiles(64, 128, 3, 4, 168)]},
     "dq": {64: [Tiles(128, 64, 2, 8), Tiles(128, 128, 2, 8), Tiles(64, 64, 2, 4),
                 Tiles(64, 128, 2, 4), Tiles(64, 64, 3, 4)],
            128: [Tiles(64, 64, 2, 4), Tiles(128, 64, 2, 8), Tiles(64, 64, 3, 4),
