@@ -13,10 +13,10 @@ TMA bulk reductions (`atomic`, d 64: on an H200 as fast as `split` at 16384 and 
 4096), or FlashAttention-3's warp specialization of that kernel: a loader warp and two consumer
 warpgroups each owning half the program's keys, with a warpgroup for dQ (`specialized`, d 64,
 the default there from 8192 keys on) or each consumer computing half of dQ's columns
-(`paired`, d 128, the default there from 4096 keys on; `DEFAULT_BACKWARD_SCHEDULES`). `lm.attention` registers
-the defaults as the attention choice `flash-gluon` (the Triton FA2 where these kernels cannot
-take the inputs); torch.compile sees two custom operators, `cs336::flash_gluon_fwd` and
-`cs336::flash_gluon_bwd`.
+(`paired`, d 128, the default there from 4096 keys on; `DEFAULT_BACKWARD_SCHEDULES`).
+`lm.attention` registers the defaults as the attention choice `flash-gluon` (the Triton FA2
+where these kernels cannot take the inputs); torch.compile sees two custom operators,
+`cs336::flash_gluon_fwd` and `cs336::flash_gluon_bwd`.
 
     o, lse = flash_gluon_forward(q, k, v, is_causal)        # (batch, heads, seq, d)
     o, lse = flash_gluon_forward(q, k, v, is_causal, "pingpong")  # or "waited", "overlapped"...
@@ -887,8 +887,9 @@ def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M
     schedule at d 128, where a dQ warpgroup leaves the consumers too few registers). Without
     the dQ warpgroup a buffer needs no release: a consumer writes it again two tiles on, past
     the other's arrival at the tile between, which that one makes once its products of this
-    tile, dQ's among them, are done. The logsumexp and D are loaded once the products that
-    need them are done, so that they do not hold registers while S^T and dP^T are in flight."""
+    tile, dQ's among them, are done. Without it, too, the logsumexp and D are loaded once the
+    products that need them are done (`_query_values`), so that they hold no registers while
+    S^T and dP^T are in flight: at d 128 the consumers have none to spare."""
     (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready, q_empty, ds_ready,
      ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, head_row, start_n, first, n_tiles, seq,
      qk_scale, sm_scale) = shared       # what both consumers take (the kernel's `shared`)
@@ -901,6 +902,7 @@ def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M
     my_k = k_smem.slice(CONSUMER * KEYS, KEYS)
     my_v = v_smem.slice(CONSUMER * KEYS, KEYS)
     my_start = start_n + CONSUMER * KEYS
+    zero = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)
     dk = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
     dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
@@ -914,7 +916,6 @@ def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M
         q_tile = q_smem.index(slot)
         do_tile = do_smem.index(slot)
         mbarrier.wait(q_ready.index(slot), (j // STAGES) & 1)
-        zero = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)    # (not live across tiles)
         st = warpgroup_mma(my_k, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
         dpt = warpgroup_mma(my_v, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
         if DQ_WARPGROUP:
