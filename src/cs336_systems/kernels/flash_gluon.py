@@ -1216,13 +1216,14 @@ TILES = {
                             128: Tiles(max_registers=168)},
     # block_m rows a consumer warpgroup (a program owns two tiles); the launch's 168 registers a
     # thread over three warpgroups, the consumers then taking 240 and the loader 24. At d 128,
-    # 64-key tiles, for the shorter sequences: 0.180 ms against 0.191 with 128-key tiles in two
-    # slots at 4096, and 2.13 against 2.11 at 16384; in four slots rather than three (160 KiB of
-    # shared memory): 2.08 and 2.07 ms against 2.13 and 2.12 at 16 x 16384, 0.147 and 0.145
-    # against 0.148 and 0.149 at 16 x 4096, in two processes (docs/measurements.md)
+    # 128-key tiles in three slots (224 KiB of shared memory, all but 3 KiB of it): 1.896 ms
+    # against 2.126 with 64-key tiles in four slots at 16 x 16384, 0.134 against 0.148 at
+    # 16 x 4096 and 0.084 against 0.089 at 32 x 2048; in two slots they were the slowest (2.273
+    # ms at 16 x 16384). A 128-key tile's softmax takes fewer instructions a score: O is
+    # rescaled once per 128 keys (docs/measurements.md)
     "forward-pingpong": {64: Tiles(block_m=64, block_n=128, stages=3, num_warps=4,
                                    max_registers=168),
-                         128: Tiles(block_m=64, block_n=64, stages=4, num_warps=4,
+                         128: Tiles(block_m=64, block_n=128, stages=3, num_warps=4,
                                     max_registers=168)},
     # at d 64, 64-query tiles: a tie with 128 (4.125 against 4.112 ms of backward) without the
     # 128's 56 bytes of spilled registers a thread
