@@ -17,6 +17,7 @@ from cs336_systems.kernels.flash_gluon import (
     SUPPORTED_HEAD_DIMS,
     TILES,
     FlashAttentionGluon,
+    head_split,
     check_inputs,
     compile_for_sm90,
     default_backward_schedule,
@@ -89,6 +90,22 @@ def test_an_unknown_schedule_says_which_there_are():
         flash_gluon_forward(q, q, q, schedule="fused")
 
 
+def test_head_dims_between_powers_of_two_are_split_in_two_tiles():
+    """d 80 and 96 run as 64 columns and a rest of 16 or 32, each a TMA tile and a wgmma of its
+    own (register tensors have power-of-two shapes), in the waited forward and the split
+    backward; the other schedules say which d they take."""
+    assert [head_split(d) for d in SUPPORTED_HEAD_DIMS] == [(64, 0), (64, 16), (64, 32),
+                                                            (128, 0)]
+    for d in (80, 96):
+        assert DEFAULT_SCHEDULES[d] == "waited"
+        assert default_backward_schedule(d, 65536) == "split"
+    q = torch.randn(1, 1, 16, 80, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"the pingpong forward takes d in \(64, 128\); got 80"):
+        flash_gluon_forward(q, q, q, True, "pingpong")
+    with pytest.raises(ValueError, match=r"the paired backward takes d in \(128,\); got 80"):
+        flash_gluon_backward(q, q, q, q, q[..., 0].float(), q, True, "paired")
+
+
 def _reference(q, k, v, is_causal):
     """o and the logsumexp in float64."""
     q, k, v = (t.double() for t in (q, k, v))
@@ -101,11 +118,11 @@ def _reference(q, k, v, is_causal):
 
 
 @needs_hopper
-@pytest.mark.parametrize("d", SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("schedule, d", [(schedule, d) for schedule, kernel in SCHEDULES.items()
+                                         for d in TILES[kernel]])
 @pytest.mark.parametrize("seq", [128, 257, 1000])
 @pytest.mark.parametrize("is_causal", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_forward_matches_float64(d, seq, is_causal, dtype, schedule):
     torch.manual_seed(seq + d)
     q, k, v = (torch.randn(2, 3, seq, d, device="cuda", dtype=dtype) for _ in range(3))
@@ -189,8 +206,8 @@ def test_each_kernels_grid_has_a_program_per_tile_it_owns():
 
 def test_unsupported_inputs_say_what_is_supported():
     q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"d in \(64, 128\); got 80"):
-        check_inputs(*(torch.randn(1, 2, 16, 80, dtype=torch.bfloat16) for _ in range(3)))
+    with pytest.raises(ValueError, match=r"d in \(64, 80, 96, 128\); got 112"):
+        check_inputs(*(torch.randn(1, 2, 16, 112, dtype=torch.bfloat16) for _ in range(3)))
     with pytest.raises(ValueError, match="one dtype of bfloat16, float16"):
         check_inputs(q.float(), q.float(), q.float())
     with pytest.raises(ValueError, match=r"one \(batch, heads, seq, d\) or \(batch, seq, d\) "

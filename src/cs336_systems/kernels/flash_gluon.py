@@ -24,7 +24,9 @@ where these kernels cannot take the inputs); torch.compile sees two custom opera
     o = FlashAttentionGluon.apply(q, k, v, is_causal)       # both, as an autograd function
 
 q, k and v share one shape, (batch, heads, seq, d) or (batch, seq, d) as one head
-(self-attention, no grouped heads), bf16 or fp16, d 64 or 128 (`SUPPORTED_HEAD_DIMS`), any seq.
+(self-attention, no grouped heads), bf16 or fp16, d 64, 80, 96 or 128 (`SUPPORTED_HEAD_DIMS`;
+80 and 96 as 64 columns and a rest of 16 or 32, `head_split`, in the waited forward and the split
+backward), any seq.
 The causal mask is SDPA's `is_causal=True`, as in `kernels.flash_triton`: query i sees keys
 0..i. lse (q's shape without d, fp32) is each row's logsumexp of the scaled scores, in natural
 log, as the Triton kernel saves it.
@@ -126,10 +128,26 @@ PINGPONG_REGISTERS = gl.constexpr(240)
 # consumer and the dQ warpgroup take these, the loader 24, the first consumer the rest (208)
 CONSUMER_REGISTERS = gl.constexpr(200)
 DQ_REGISTERS = gl.constexpr(80)
-SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_HEAD_DIMS = (64, 80, 96, 128)
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # the tensors a TMA descriptor sees: the inputs, and the atomic backward's fp32 dQ
 _DESCRIBED = {**GL_DTYPES, torch.float32: gl.float32}
+
+
+@triton.constexpr_function
+def head_split(d: int) -> tuple:
+    """The columns of a head dim that the kernels' tiles take in two parts: a power of two (64
+    or 128) and the rest (none at d 64 and 128; 16 at d 80, 32 at d 96), a TMA tile and a wgmma
+    of its own. Triton's register tensors have power-of-two shapes, so d 80 is 64 + 16 columns
+    rather than 128 with 48 of them zeros."""
+    main = 128 if d >= 128 else 64
+    return main, d - main
+
+
+@triton.constexpr_function
+def _padded(d: int) -> int:
+    """The power of two at or above d: the columns a register tile of whole rows takes."""
+    return triton.next_power_of_2(d)
 
 
 @triton.constexpr_function
@@ -151,75 +169,119 @@ def _shared_tile(rows: int, cols: int, dtype) -> gl.NVMMASharedLayout:
 
 
 @gluon.jit
-def _issue_pair(a_desc, b_desc, a_smem, b_smem, ready, row, tile, STAGES: gl.constexpr):
+def _issue_pair(a_desc, b_desc, a_smem, b_smem, ready, row, tile, STAGES: gl.constexpr,
+                a_rest=None, b_rest=None, a_rest_smem=None, b_rest_smem=None):
     """Start the TMA loads of tile `tile` (rows `row`..) of two tensors (K and V, or Q and dO)
-    into ring slot tile % STAGES; ready[slot] completes when both have landed."""
+    into ring slot tile % STAGES, and of their rest columns into theirs where the head dim has
+    them (`a_rest`, `b_rest`: `head_split`); ready[slot] completes when all have landed."""
     slot = tile % STAGES
     bar = ready.index(slot)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + (
+        0 if a_rest is None else a_rest.block_type.nbytes + b_rest.block_type.nbytes)
+    mbarrier.expect(bar, nbytes)
     _tma_load(a_desc, [row, 0], bar, a_smem.index(slot))
     _tma_load(b_desc, [row, 0], bar, b_smem.index(slot))
+    if a_rest is not None:
+        _tma_load(a_rest, [row, a_desc.block_type.shape[1]], bar, a_rest_smem.index(slot))
+        _tma_load(b_rest, [row, b_desc.block_type.shape[1]], bar, b_rest_smem.index(slot))
 
 
 @gluon.jit
 def _next_slot(a_desc, b_desc, a_smem, b_smem, ready, first_row, j, n_tiles,
-               BLOCK: gl.constexpr, STAGES: gl.constexpr):
+               BLOCK: gl.constexpr, STAGES: gl.constexpr, a_rest=None, b_rest=None,
+               a_rest_smem=None, b_rest_smem=None):
     """One step of a walk over n_tiles tiles from `first_row`: refill the slot that tile j - 1
     used (its wgmmas have completed) with tile j + STAGES - 1, wait for tile j; its slot."""
     nxt = j + STAGES - 1
     if nxt < n_tiles:
-        _issue_pair(a_desc, b_desc, a_smem, b_smem, ready, first_row + nxt * BLOCK, nxt, STAGES)
+        _issue_pair(a_desc, b_desc, a_smem, b_smem, ready, first_row + nxt * BLOCK, nxt, STAGES,
+                    a_rest, b_rest, a_rest_smem, b_rest_smem)
     slot = j % STAGES
     mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
     return slot
 
 
 @gluon.jit
-def _own_tile(desc, row):
-    """The program's own tile of one tensor (Q): shared memory, its TMA load started, and the
-    barrier that completes when it has landed."""
+def _own_tile(desc, row, rest=None):
+    """The program's own tile of one tensor (Q), and of its rest columns where the head dim has
+    them (`rest`, else the first tile again): shared memory, the TMA loads started, and the
+    barrier that completes when they have landed."""
     tile = gl.allocate_shared_memory(desc.dtype, desc.block_type.shape, desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(ready, count=1)
-    mbarrier.expect(ready, desc.block_type.nbytes)
+    nbytes: gl.constexpr = desc.block_type.nbytes + (
+        0 if rest is None else rest.block_type.nbytes)
+    mbarrier.expect(ready, nbytes)
     _tma_load(desc, [row, 0], ready, tile)
-    return tile, ready
+    tile_rest = tile
+    if rest is not None:
+        tile_rest = gl.allocate_shared_memory(rest.dtype, rest.block_type.shape, rest.layout)
+        _tma_load(rest, [row, desc.block_type.shape[1]], ready, tile_rest)
+    return tile, tile_rest, ready
 
 
 @gluon.jit
 def _fill_ring(a_desc, b_desc, a_smem, b_smem, ready, first_row, n_tiles, BLOCK: gl.constexpr,
-               STAGES: gl.constexpr):
+               STAGES: gl.constexpr, a_rest=None, b_rest=None, a_rest_smem=None,
+               b_rest_smem=None):
     """The ring's prologue: loads of the first STAGES - 1 walked tiles (of n_tiles) started."""
     for i in gl.static_range(STAGES - 1):
         if i < n_tiles:
-            _issue_pair(a_desc, b_desc, a_smem, b_smem, ready, first_row + i * BLOCK, i, STAGES)
+            _issue_pair(a_desc, b_desc, a_smem, b_smem, ready, first_row + i * BLOCK, i, STAGES,
+                        a_rest, b_rest, a_rest_smem, b_rest_smem)
 
 
 @gluon.jit
-def _own_pair(a_desc, b_desc, row):
-    """The program's own tiles of two tensors (K and V, or Q and dO): shared memory for each,
-    their TMA loads started; the barrier completes when both have landed."""
+def _own_pair(a_desc, b_desc, row, a_rest=None, b_rest=None):
+    """The program's own tiles of two tensors (K and V, or Q and dO), and of their rest columns
+    where the head dim has them (else the first tiles again): shared memory for each, their TMA
+    loads started; the barrier completes when all have landed."""
     a = gl.allocate_shared_memory(a_desc.dtype, a_desc.block_type.shape, a_desc.layout)
     b = gl.allocate_shared_memory(b_desc.dtype, b_desc.block_type.shape, b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(ready, count=1)
-    mbarrier.expect(ready, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + (
+        0 if a_rest is None else a_rest.block_type.nbytes + b_rest.block_type.nbytes)
+    mbarrier.expect(ready, nbytes)
     _tma_load(a_desc, [row, 0], ready, a)
     _tma_load(b_desc, [row, 0], ready, b)
-    return a, b, ready
+    a_tail = a
+    b_tail = b
+    if a_rest is not None:
+        a_tail = gl.allocate_shared_memory(a_rest.dtype, a_rest.block_type.shape, a_rest.layout)
+        b_tail = gl.allocate_shared_memory(b_rest.dtype, b_rest.block_type.shape, b_rest.layout)
+        _tma_load(a_rest, [row, a_desc.block_type.shape[1]], ready, a_tail)
+        _tma_load(b_rest, [row, b_desc.block_type.shape[1]], ready, b_tail)
+    return a, b, a_tail, b_tail, ready
+
+
+@gluon.jit
+def _ring(desc, STAGES: gl.constexpr):
+    """A ring of STAGES slots for the tiles a program walks of one tensor."""
+    return gl.allocate_shared_memory(desc.dtype, [STAGES] + desc.block_type.shape, desc.layout)
 
 
 @gluon.jit
 def _ring_pair(a_desc, b_desc, STAGES: gl.constexpr):
     """A ring of STAGES slots for the tiles a program walks of two tensors, a barrier a slot."""
-    a = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape,
-                                  a_desc.layout)
-    b = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape,
-                                  b_desc.layout)
+    a = _ring(a_desc, STAGES)
+    b = _ring(b_desc, STAGES)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
     return a, b, ready
+
+
+@gluon.jit
+def _rest_rings(a_rest, b_rest, a_smem, b_smem, STAGES: gl.constexpr):
+    """Rings for the rest columns of two walked tensors where the head dim has them (else the
+    main rings again): their loads share the main rings' barriers (`_issue_pair`)."""
+    a_tail = a_smem
+    b_tail = b_smem
+    if a_rest is not None:
+        a_tail = _ring(a_rest, STAGES)
+        b_tail = _ring(b_rest, STAGES)
+    return a_tail, b_tail
 
 
 @gluon.jit
@@ -296,72 +358,109 @@ def _softmax_step(s, m_i, l_i, start_m, start_n, seq, qk_scale, masked,
 @gluon.jit
 def _attend_tile(q_smem, k_tile, v_tile, acc, m_i, l_i, start_m, start_n, seq, qk_scale, masked,
                  s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """One K/V tile, each product waited for: S = Q K^T, the softmax, O = alpha O + P V."""
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                 REST: gl.constexpr = False, q_rest=None, k_rest=None, v_rest=None,
+                 acc_rest=None, r_layout: gl.constexpr = None, rop_layout: gl.constexpr = None):
+    """One K/V tile, each product waited for: S = Q K^T, the softmax, O = alpha O + P V. With
+    REST, the head dim's rest columns (`head_split`) add their share to S and have O's rest
+    columns of their own (`acc_rest`, in `r_layout`); returned as acc again without them."""
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    if REST:
+        s = warpgroup_mma(q_rest, k_rest.permute((1, 0)), s, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p16, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, start_m, start_n, seq, qk_scale, masked,
                                          s_layout, p_layout, o_layout, BLOCK_M, BLOCK_N, CAUSAL,
                                          v_tile.dtype)
     acc = warpgroup_mma(p16, v_tile, acc * alpha[:, None], is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    return acc, m_i, l_i
+    if REST:
+        alpha_rest = gl.convert_layout(alpha, gl.SliceLayout(1, r_layout))
+        acc_rest = warpgroup_mma(gl.convert_layout(p16, rop_layout), v_rest,
+                                 acc_rest * alpha_rest[:, None], is_async=True)
+        acc, acc_rest = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_rest))
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc_rest = acc
+    return acc, m_i, l_i, acc_rest
 
 
 @gluon.jit
-def attention_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, qk_scale,
-                         HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                         num_warps: gl.constexpr):
+def attention_fwd_kernel(q_desc, k_desc, v_desc, q_rest, k_rest, v_rest, o_ptr, lse_ptr, seq,
+                         qk_scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                         OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+    """q_rest, k_rest, v_rest: the TMA descriptors of the head dim's rest columns where it has
+    them (`head_split`; the waited schedule only), else None."""
     bh, pid_m = _query_tile(CAUSAL)     # which (batch, head), which BLOCK_M queries
     head_row = bh * seq                 # the head's first row in the 2-D views
     start_m = pid_m * BLOCK_M
+    split: gl.constexpr = head_split(HEAD_D)
+    MAIN_D: gl.constexpr = split[0]           # the head dim's columns in two parts
+    REST_D: gl.constexpr = split[1]
+    REST: gl.constexpr = REST_D > 0
+    gl.static_assert(not (REST and OVERLAP), "the overlapped forward takes d 64 or 128")
 
-    layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, HEAD_D, num_warps)
+    layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, MAIN_D, num_warps)
     s_layout: gl.constexpr = layouts[0]
     o_layout: gl.constexpr = layouts[1]
     p_layout: gl.constexpr = layouts[2]
+    rest_layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, REST_D if REST else MAIN_D,
+                                                num_warps)
+    r_layout: gl.constexpr = rest_layouts[1]    # the rest columns' accumulators
+    rop_layout: gl.constexpr = rest_layouts[2]  # and their products' A operands
 
-    q_smem, q_ready = _own_tile(q_desc, head_row + start_m)
+    q_smem, q_tail, q_ready = _own_tile(q_desc, head_row + start_m, q_rest)
     k_smem, v_smem, kv_ready = _ring_pair(k_desc, v_desc, STAGES)
+    k_tail, v_tail = _rest_rings(k_rest, v_rest, k_smem, v_smem, STAGES)
     n_tiles, n_full = _key_tiles(start_m, seq, BLOCK_M, BLOCK_N, CAUSAL)
-    _fill_ring(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row, n_tiles, BLOCK_N, STAGES)
+    _fill_ring(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row, n_tiles, BLOCK_N, STAGES,
+               k_rest, v_rest, k_tail, v_tail)
     mbarrier.wait(q_ready, 0)
     if OVERLAP:
         acc, m_i, l_i = _overlapped_tiles(
             k_desc, v_desc, q_smem, k_smem, v_smem, kv_ready, head_row, start_m, n_tiles,
             n_full, seq, qk_scale, s_layout, p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N,
             STAGES, CAUSAL)
+        acc_rest = acc
     else:
-        acc, m_i, l_i = _waited_tiles(
+        acc, m_i, l_i, acc_rest = _waited_tiles(
             k_desc, v_desc, q_smem, k_smem, v_smem, kv_ready, head_row, start_m, n_tiles,
-            n_full, seq, qk_scale, s_layout, p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N,
-            STAGES, CAUSAL)
+            n_full, seq, qk_scale, s_layout, p_layout, o_layout, MAIN_D, REST_D, BLOCK_M,
+            BLOCK_N, STAGES, CAUSAL, k_rest, v_rest, q_tail, k_tail, v_tail, r_layout,
+            rop_layout)
 
     mbarrier.invalidate(q_ready)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(kv_ready.index(i))
     _store_outputs(o_ptr, lse_ptr, acc, m_i, l_i, head_row, start_m, seq, o_layout, s_layout,
-                   HEAD_D, BLOCK_M)
+                   HEAD_D, BLOCK_M, REST, acc_rest, r_layout)
 
 
 @gluon.jit
 def _waited_tiles(k_desc, v_desc, q_smem, k_smem, v_smem, kv_ready, head_row, start_m, n_tiles,
                   n_full, seq, qk_scale, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                  o_layout: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    """The key tiles one after another, each wgmma waited for at once (FA-2's schedule)."""
+                  o_layout: gl.constexpr, MAIN_D: gl.constexpr, REST_D: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr, k_rest, v_rest, q_tail, k_tail, v_tail,
+                  r_layout: gl.constexpr, rop_layout: gl.constexpr):
+    """The key tiles one after another, each wgmma waited for at once (FA-2's schedule): O's
+    MAIN_D columns, and its REST_D columns (`head_split`) where the head dim has them (else O
+    again)."""
+    REST: gl.constexpr = REST_D > 0
     m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+    acc = gl.zeros([BLOCK_M, MAIN_D], gl.float32, o_layout)
+    acc_rest = acc
+    if REST:
+        acc_rest = gl.zeros([BLOCK_M, REST_D], gl.float32, r_layout)
     for j in range(n_tiles):
         slot = _next_slot(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row, j, n_tiles,
-                          BLOCK_N, STAGES)
-        acc, m_i, l_i = _attend_tile(q_smem, k_smem.index(slot), v_smem.index(slot), acc, m_i,
-                                     l_i, start_m, j * BLOCK_N, seq, qk_scale, j >= n_full,
-                                     s_layout, p_layout, o_layout, BLOCK_M, BLOCK_N, CAUSAL)
-    return acc, m_i, l_i
+                          BLOCK_N, STAGES, k_rest, v_rest, k_tail, v_tail)
+        acc, m_i, l_i, acc_rest = _attend_tile(
+            q_smem, k_smem.index(slot), v_smem.index(slot), acc, m_i, l_i, start_m, j * BLOCK_N,
+            seq, qk_scale, j >= n_full, s_layout, p_layout, o_layout, BLOCK_M, BLOCK_N, CAUSAL,
+            REST, q_tail, k_tail.index(slot), v_tail.index(slot), acc_rest, r_layout, rop_layout)
+    return acc, m_i, l_i, acc_rest
 
 
 @gluon.jit
@@ -412,11 +511,17 @@ def _overlapped_tiles(k_desc, v_desc, q_smem, k_smem, v_smem, kv_ready, head_row
 @gluon.jit
 def _store_outputs(o_ptr, lse_ptr, acc, m_i, l_i, head_row, start_m, seq,
                    o_layout: gl.constexpr, s_layout: gl.constexpr, HEAD_D: gl.constexpr,
-                   BLOCK_M: gl.constexpr):
+                   BLOCK_M: gl.constexpr, REST: gl.constexpr = False, acc_rest=None,
+                   r_layout: gl.constexpr = None):
     """Lines 12-13: O = acc / l and the logsumexp in natural log (what the backward reads), the
-    rows past the sequence's end left unwritten."""
+    rows past the sequence's end left unwritten. With REST, O's rest columns too (`acc_rest`,
+    after acc's)."""
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
     _store_rows(o_ptr, acc / l_o[:, None], head_row, start_m, seq, o_layout, HEAD_D, BLOCK_M)
+    if REST:
+        l_r = gl.convert_layout(l_i, gl.SliceLayout(1, r_layout))
+        _store_rows(o_ptr, acc_rest / l_r[:, None], head_row, start_m, seq, r_layout, HEAD_D,
+                    BLOCK_M, acc.shape[1])
     lse_rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, s_layout))
     lse = (m_i + gl.log2(l_i)) * LN_2
     gl.store(lse_ptr + head_row + lse_rows, lse, mask=lse_rows < seq)
@@ -457,9 +562,10 @@ def _consume_partition(q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, o_pt
     for j in range(n_tiles):
         slot = j % STAGES
         mbarrier.wait(kv_ready.index(slot), (j // STAGES) & 1)
-        acc, m_i, l_i = _attend_tile(q_smem, k_smem.index(slot), v_smem.index(slot), acc, m_i,
-                                     l_i, start_m, j * BLOCK_N, seq, qk_scale, j >= n_full,
-                                     s_layout, p_layout, o_layout, BLOCK_M, BLOCK_N, CAUSAL)
+        acc, m_i, l_i, _ = _attend_tile(q_smem, k_smem.index(slot), v_smem.index(slot), acc,
+                                        m_i, l_i, start_m, j * BLOCK_N, seq, qk_scale,
+                                        j >= n_full, s_layout, p_layout, o_layout, BLOCK_M,
+                                        BLOCK_N, CAUSAL)
         mbarrier.arrive(kv_empty.index(slot), count=1)
     _store_outputs(o_ptr, lse_ptr, acc, m_i, l_i, head_row, start_m, seq, o_layout, s_layout,
                    HEAD_D, BLOCK_M)
@@ -690,20 +796,29 @@ def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, ds_smem, dq_smem, dk, dv, dq_des
                delta_ptr, head_row, start_n, start_m, seq, qk_scale, sm_scale, masked,
                st_layout: gl.constexpr, acc_layout: gl.constexpr, op_layout: gl.constexpr,
                HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               CAUSAL: gl.constexpr, ATOMIC_DQ: gl.constexpr):
+               CAUSAL: gl.constexpr, ATOMIC_DQ: gl.constexpr, REST: gl.constexpr, k_tail, v_tail,
+               q_tail, do_tail, dk_rest, dv_rest, r_layout: gl.constexpr,
+               rop_layout: gl.constexpr):
     """One query tile's share of a key tile's dK and dV, transposed (keys are rows): S^T = K Q^T,
     P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q (lines 11-16).
     With ATOMIC_DQ, dS^T goes through shared memory (`ds_smem`), where it is dK's A operand and,
     read transposed, dQ's: the tile's share of dQ = dS K (line 15) goes through `dq_smem` (one of
     two buffers, taken in turn) and is added to dQ's fp32 rows by one TMA reduction (rows past
     the head's end add zeros: their dS is masked). `masked`: the tile crosses the causal
-    diagonal or the sequence's end."""
+    diagonal or the sequence's end. With REST (not with ATOMIC_DQ), the head dim's rest columns
+    (`head_split`: the *_tail tiles) add their share to S^T and dP^T and have dK's and dV's rest
+    columns of their own (dk_rest, dv_rest, in `r_layout`; returned as dk and dv again without
+    them)."""
     rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))   # queries
     lse2 = gl.load(lse_ptr + head_row + rows, mask=rows < seq, other=0.0) * LOG2_E_GL
     delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
     zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
     st = warpgroup_mma(k_smem, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    if REST:
+        st = warpgroup_mma(k_tail, q_tail.permute((1, 0)), st, is_async=True)
     dpt = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    if REST:
+        dpt = warpgroup_mma(v_tail, do_tail.permute((1, 0)), dpt, is_async=True)
     st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
     pt = _probabilities_t(st, lse2, start_n, start_m, seq, qk_scale, masked, st_layout, BLOCK_N,
                           BLOCK_M, CAUSAL, ATOMIC_DQ)
@@ -724,32 +839,58 @@ def _dkdv_tile(k_smem, v_smem, q_tile, do_tile, ds_smem, dq_smem, dk, dv, dq_des
         fence_async_shared()
         _tma_add(dq_desc, [head_row + start_m, 0], dq_smem)
         dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    elif REST:
+        dst16 = gl.convert_layout(dst.to(q_tile.dtype), op_layout)
+        dv = warpgroup_mma(pt16, do_tile, dv, is_async=True)
+        dv_rest = warpgroup_mma(gl.convert_layout(pt16, rop_layout), do_tail, dv_rest,
+                                is_async=True)
+        dk = warpgroup_mma(dst16, q_tile, dk, is_async=True)
+        dk_rest = warpgroup_mma(gl.convert_layout(dst16, rop_layout), q_tail, dk_rest,
+                                is_async=True)
+        dv, dv_rest, dk, dk_rest = warpgroup_mma_wait(num_outstanding=0,
+                                                      deps=(dv, dv_rest, dk, dk_rest))
     else:
         dst16 = gl.convert_layout(dst.to(q_tile.dtype), op_layout)
         dv = warpgroup_mma(pt16, do_tile, dv, is_async=True)
         dk = warpgroup_mma(dst16, q_tile, dk, is_async=True)
         dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-    return dk, dv
+    if not REST:
+        dk_rest = dk
+        dv_rest = dv
+    return dk, dv, dk_rest, dv_rest
 
 
 @gluon.jit
-def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, lse_ptr,
-                          delta_ptr, seq, qk_scale, sm_scale, HEAD_D: gl.constexpr,
-                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                          CAUSAL: gl.constexpr, ATOMIC_DQ: gl.constexpr,
+def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, q_rest, k_rest, v_rest, do_rest,
+                          dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, seq, qk_scale, sm_scale,
+                          HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, ATOMIC_DQ: gl.constexpr,
                           num_warps: gl.constexpr):
+    """*_rest: the TMA descriptors of the head dim's rest columns where it has them
+    (`head_split`; not with ATOMIC_DQ), else None."""
     pid_n = gl.program_id(0)            # which BLOCK_N keys
     bh = gl.program_id(1)               # which (batch, head)
     head_row = bh * seq
     start_n = pid_n * BLOCK_N
+    split: gl.constexpr = head_split(HEAD_D)
+    MAIN_D: gl.constexpr = split[0]           # the head dim's columns in two parts
+    REST_D: gl.constexpr = split[1]
+    REST: gl.constexpr = REST_D > 0
+    gl.static_assert(not (REST and ATOMIC_DQ), "the atomic backward takes d 64")
 
-    layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, HEAD_D, num_warps)   # keys are the rows
+    layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, MAIN_D, num_warps)  # keys are the rows
     st_layout: gl.constexpr = layouts[0]
     acc_layout: gl.constexpr = layouts[1]
     op_layout: gl.constexpr = layouts[2]
+    rest_layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, REST_D if REST else MAIN_D,
+                                                num_warps)
+    r_layout: gl.constexpr = rest_layouts[1]    # the rest columns' accumulators
+    rop_layout: gl.constexpr = rest_layouts[2]  # and their products' A operands
 
-    k_smem, v_smem, kv_ready = _own_pair(k_desc, v_desc, head_row + start_n)
+    k_smem, v_smem, k_tail, v_tail, kv_ready = _own_pair(k_desc, v_desc, head_row + start_n,
+                                                         k_rest, v_rest)
     q_smem, do_smem, ready = _ring_pair(q_desc, do_desc, STAGES)
+    q_tail, do_tail = _rest_rings(q_rest, do_rest, q_smem, do_smem, STAGES)
     # with ATOMIC_DQ: dS^T a tile at a time (dK's A operand and, transposed, dQ's), and two
     # buffers of a tile's fp32 share of dQ, which the TMA reductions read
     if ATOMIC_DQ:
@@ -767,23 +908,30 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_p
         first = start_n // BLOCK_M
     n_tiles = gl.cdiv(seq, BLOCK_M) - first
     _fill_ring(q_desc, do_desc, q_smem, do_smem, ready, head_row + first * BLOCK_M, n_tiles,
-               BLOCK_M, STAGES)
-    dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, acc_layout)
+               BLOCK_M, STAGES, q_rest, do_rest, q_tail, do_tail)
+    dk = gl.zeros([BLOCK_N, MAIN_D], gl.float32, acc_layout)
+    dv = gl.zeros([BLOCK_N, MAIN_D], gl.float32, acc_layout)
+    dk_rest = dk
+    dv_rest = dv
+    if REST:
+        dk_rest = gl.zeros([BLOCK_N, REST_D], gl.float32, r_layout)
+        dv_rest = gl.zeros([BLOCK_N, REST_D], gl.float32, r_layout)
     mbarrier.wait(kv_ready, 0)
 
     for j in range(n_tiles):
         slot = _next_slot(q_desc, do_desc, q_smem, do_smem, ready, head_row + first * BLOCK_M, j,
-                          n_tiles, BLOCK_M, STAGES)
+                          n_tiles, BLOCK_M, STAGES, q_rest, do_rest, q_tail, do_tail)
         start_m = (first + j) * BLOCK_M
         needs_mask = _key_tile_masked(start_n, start_m, seq, BLOCK_M, BLOCK_N, CAUSAL, ATOMIC_DQ)
         dq_buffer = dq_smem
         if ATOMIC_DQ:
             dq_buffer = dq_smem.index(j % 2)
-        dk, dv = _dkdv_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem,
-                            dq_buffer, dk, dv, dq_desc, lse_ptr, delta_ptr, head_row, start_n,
-                            start_m, seq, qk_scale, sm_scale, needs_mask, st_layout, acc_layout,
-                            op_layout, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, ATOMIC_DQ)
+        dk, dv, dk_rest, dv_rest = _dkdv_tile(
+            k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem, dq_buffer, dk, dv,
+            dq_desc, lse_ptr, delta_ptr, head_row, start_n, start_m, seq, qk_scale, sm_scale,
+            needs_mask, st_layout, acc_layout, op_layout, MAIN_D, BLOCK_M, BLOCK_N, CAUSAL,
+            ATOMIC_DQ, REST, k_tail, v_tail, q_tail.index(slot), do_tail.index(slot), dk_rest,
+            dv_rest, r_layout, rop_layout)
 
     if ATOMIC_DQ:
         tma.store_wait(0)               # the last reduction has read dq_smem
@@ -792,64 +940,104 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_p
         mbarrier.invalidate(ready.index(i))
     _store_rows(dk_ptr, dk * sm_scale, head_row, start_n, seq, acc_layout, HEAD_D, BLOCK_N)
     _store_rows(dv_ptr, dv, head_row, start_n, seq, acc_layout, HEAD_D, BLOCK_N)
+    if REST:
+        _store_rows(dk_ptr, dk_rest * sm_scale, head_row, start_n, seq, r_layout, HEAD_D,
+                    BLOCK_N, MAIN_D)
+        _store_rows(dv_ptr, dv_rest, head_row, start_n, seq, r_layout, HEAD_D, BLOCK_N,
+                    MAIN_D)
 
 
 @gluon.jit
 def _dq_tile(q_smem, do_smem, k_tile, v_tile, dq, lse2, delta, start_m, start_n, seq, qk_scale,
              masked, s_layout: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-             BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+             BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, REST: gl.constexpr, q_tail, do_tail,
+             k_tail, v_tail, dq_rest, rop_layout: gl.constexpr):
     """One key tile's share of a query tile's dQ: S = Q K^T, P, dP = dO V^T, dS = P (dP - D),
-    dQ += dS K (lines 11-15). `masked`: as in `_dkdv_tile`."""
+    dQ += dS K (lines 11-15). `masked`: as in `_dkdv_tile`. With REST, the head dim's rest
+    columns (the *_tail tiles) add their share to S and dP and have dQ's rest columns
+    (`dq_rest`; returned as dq again without them)."""
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    if REST:
+        s = warpgroup_mma(q_tail, k_tail.permute((1, 0)), s, is_async=True)
     dp = warpgroup_mma(do_smem, v_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    if REST:
+        dp = warpgroup_mma(do_tail, v_tail.permute((1, 0)), dp, is_async=True)
     s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
     p = gl.exp2(s * qk_scale - lse2[:, None])
     if masked:
         p = _mask_walked(p, start_m, start_n, seq, 0.0, s_layout, BLOCK_M, BLOCK_N, True, CAUSAL)
     ds = gl.convert_layout((p * (dp - delta[:, None])).to(k_tile.dtype), op_layout)
     dq = warpgroup_mma(ds, k_tile, dq, is_async=True)
-    return warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+    if REST:
+        dq_rest = warpgroup_mma(gl.convert_layout(ds, rop_layout), k_tail, dq_rest,
+                                is_async=True)
+        dq, dq_rest = warpgroup_mma_wait(num_outstanding=0, deps=(dq, dq_rest))
+    else:
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+        dq_rest = dq
+    return dq, dq_rest
 
 
 @gluon.jit
-def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_ptr, o_ptr, do_ptr, lse_ptr,
-                        delta_ptr, seq, qk_scale, sm_scale, HEAD_D: gl.constexpr,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                        CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, q_rest, k_rest, v_rest, do_rest,
+                        dq_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, seq, qk_scale, sm_scale,
+                        HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    """*_rest: the TMA descriptors of the head dim's rest columns where it has them
+    (`head_split`), else None."""
     bh, pid_m = _query_tile(CAUSAL)     # which (batch, head), which BLOCK_M queries
     head_row = bh * seq
     start_m = pid_m * BLOCK_M
+    split: gl.constexpr = head_split(HEAD_D)
+    MAIN_D: gl.constexpr = split[0]           # the head dim's columns in two parts
+    REST_D: gl.constexpr = split[1]
+    REST: gl.constexpr = REST_D > 0
 
-    layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, HEAD_D, num_warps)
+    layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, MAIN_D, num_warps)
     s_layout: gl.constexpr = layouts[0]
     acc_layout: gl.constexpr = layouts[1]
     op_layout: gl.constexpr = layouts[2]
+    rest_layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, REST_D if REST else MAIN_D,
+                                                num_warps)
+    r_layout: gl.constexpr = rest_layouts[1]    # the rest columns' accumulators
+    rop_layout: gl.constexpr = rest_layouts[2]  # and their products' A operands
 
-    q_smem, do_smem, q_ready = _own_pair(q_desc, do_desc, head_row + start_m)
+    q_smem, do_smem, q_tail, do_tail, q_ready = _own_pair(q_desc, do_desc, head_row + start_m,
+                                                          q_rest, do_rest)
     k_smem, v_smem, ready = _ring_pair(k_desc, v_desc, STAGES)
+    k_tail, v_tail = _rest_rings(k_rest, v_rest, k_smem, v_smem, STAGES)
 
     n_tiles, n_full = _key_tiles(start_m, seq, BLOCK_M, BLOCK_N, CAUSAL)
-    _fill_ring(k_desc, v_desc, k_smem, v_smem, ready, head_row, n_tiles, BLOCK_N, STAGES)
+    _fill_ring(k_desc, v_desc, k_smem, v_smem, ready, head_row, n_tiles, BLOCK_N, STAGES,
+               k_rest, v_rest, k_tail, v_tail)
     rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, s_layout))
     lse2 = gl.load(lse_ptr + head_row + rows, mask=rows < seq, other=0.0) * LOG2_E_GL
     delta = gl.convert_layout(_row_dots(o_ptr, do_ptr, head_row, start_m, seq, HEAD_D, BLOCK_M,
                                         num_warps)[1], gl.SliceLayout(1, s_layout))
     gl.store(delta_ptr + head_row + rows, delta, mask=rows < seq)   # for the key-tile kernel
-    dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, acc_layout)
+    dq = gl.zeros([BLOCK_M, MAIN_D], gl.float32, acc_layout)
+    dq_rest = dq
+    if REST:
+        dq_rest = gl.zeros([BLOCK_M, REST_D], gl.float32, r_layout)
     mbarrier.wait(q_ready, 0)
 
     for j in range(n_tiles):
         slot = _next_slot(k_desc, v_desc, k_smem, v_smem, ready, head_row, j, n_tiles, BLOCK_N,
-                          STAGES)
-        dq = _dq_tile(q_smem, do_smem, k_smem.index(slot), v_smem.index(slot), dq, lse2, delta,
-                      start_m, j * BLOCK_N, seq, qk_scale, j >= n_full, s_layout, op_layout,
-                      BLOCK_M, BLOCK_N, CAUSAL)
+                          STAGES, k_rest, v_rest, k_tail, v_tail)
+        dq, dq_rest = _dq_tile(q_smem, do_smem, k_smem.index(slot), v_smem.index(slot), dq,
+                               lse2, delta, start_m, j * BLOCK_N, seq, qk_scale, j >= n_full,
+                               s_layout, op_layout, BLOCK_M, BLOCK_N, CAUSAL, REST, q_tail,
+                               do_tail, k_tail.index(slot), v_tail.index(slot), dq_rest,
+                               rop_layout)
 
     mbarrier.invalidate(q_ready)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
     _store_rows(dq_ptr, dq * sm_scale, head_row, start_m, seq, acc_layout, HEAD_D, BLOCK_M)
+    if REST:
+        _store_rows(dq_ptr, dq_rest * sm_scale, head_row, start_m, seq, r_layout, HEAD_D,
+                    BLOCK_M, MAIN_D)
 
 
 @gluon.jit
@@ -1107,13 +1295,17 @@ _KERNEL_FUNCTIONS = {**_FORWARD_KERNELS, **_BACKWARD_KERNELS}
 
 
 @gluon.jit
-def _row_offsets(head_row, start, layout: gl.constexpr, HEAD_D: gl.constexpr,
-                 BLOCK: gl.constexpr):
-    """BLOCK rows from `start` of one head's rows of a (batch * heads * seq, d) tensor: the
-    rows' positions in the head, and each element's offset, in `layout`."""
+def _row_block(head_row, start, seq, layout: gl.constexpr, HEAD_D: gl.constexpr,
+               BLOCK: gl.constexpr, COLS: gl.constexpr, FIRST: gl.constexpr):
+    """BLOCK rows from `start` by COLS columns from FIRST of one head's rows of a (batch *
+    heads * seq, HEAD_D) tensor: the rows' positions in the head, each element's offset, and
+    which elements are inside the sequence and the row, in `layout`."""
     rows = start + gl.arange(0, BLOCK, gl.SliceLayout(1, layout))
-    cols = gl.arange(0, HEAD_D, gl.SliceLayout(0, layout))
-    return rows, (head_row + rows)[:, None] * HEAD_D + cols[None, :]
+    cols = FIRST + gl.arange(0, COLS, gl.SliceLayout(0, layout))
+    inside = (rows < seq)[:, None]
+    if FIRST + COLS > HEAD_D:           # a power-of-two block over d 80 or 96
+        inside = inside & (cols < HEAD_D)[None, :]
+    return rows, (head_row + rows)[:, None] * HEAD_D + cols[None, :], inside
 
 
 @gluon.jit
@@ -1123,8 +1315,8 @@ def _row_dots(a_ptr, b_ptr, head_row, start, seq, HEAD_D: gl.constexpr, BLOCK: g
     seq, d) tensors, rows past seq zero: D = rowsum(dO * O) (Algorithm 2, line 4)."""
     layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                             warps_per_cta=[num_warps, 1], order=[1, 0])
-    rows, offsets = _row_offsets(head_row, start, layout, HEAD_D, BLOCK)
-    inside = (rows < seq)[:, None]
+    rows, offsets, inside = _row_block(head_row, start, seq, layout, HEAD_D, BLOCK,
+                                       _padded(HEAD_D), 0)
     a = gl.load(a_ptr + offsets, mask=inside, other=0.0).to(gl.float32)
     b = gl.load(b_ptr + offsets, mask=inside, other=0.0).to(gl.float32)
     return rows, gl.sum(a * b, axis=1)
@@ -1132,10 +1324,12 @@ def _row_dots(a_ptr, b_ptr, head_row, start, seq, HEAD_D: gl.constexpr, BLOCK: g
 
 @gluon.jit
 def _store_rows(ptr, values, head_row, start, seq, layout: gl.constexpr, HEAD_D: gl.constexpr,
-                BLOCK: gl.constexpr):
-    """BLOCK rows of a (batch * heads * seq, d) output from `start`, those past seq unwritten."""
-    rows, offsets = _row_offsets(head_row, start, layout, HEAD_D, BLOCK)
-    gl.store(ptr + offsets, values.to(ptr.dtype.element_ty), mask=(rows < seq)[:, None])
+                BLOCK: gl.constexpr, FIRST: gl.constexpr = 0):
+    """BLOCK rows of a (batch * heads * seq, HEAD_D) output from `start`, its columns from
+    FIRST as many as `values` has, those past seq unwritten."""
+    _, offsets, inside = _row_block(head_row, start, seq, layout, HEAD_D, BLOCK,
+                                    values.shape[1], FIRST)
+    gl.store(ptr + offsets, values.to(ptr.dtype.element_ty), mask=inside)
 
 
 @dataclass(frozen=True)
@@ -1170,7 +1364,10 @@ SCHEDULES = {"waited": "forward", "overlapped": "forward-overlap",
 # the schedule a forward runs unless told, per head dim: the fastest on an H200 (docs/
 # measurements.md, "The Gluon forward's ping-pong schedule"): at d 128 the ping-pong forward
 # took 0.92x to 0.95x the waited one's time at 4096 and tied it at 16384; at d 64 it was slower
-DEFAULT_SCHEDULES = {64: "waited", 128: "pingpong"}
+DEFAULT_SCHEDULES = {64: "waited", 80: "waited", 96: "waited", 128: "pingpong"}
+# the kernels that take d 80 and 96 (`head_split`), each with TMA descriptors of the rest
+# columns after its main ones (None at d 64 and 128): the waited forward and the split backward
+_SPLIT_D_KERNELS = ("forward", "forward-overlap", "dq", "dkdv", "dkdv-atomic")
 # query tiles a program of a forward kernel owns (one, but for the ping-pong forward's two)
 PROGRAM_QUERY_TILES = {"forward-pingpong": 2}
 # the kernels whose programs own query tiles, heads fastest over their grid (`_query_tile`); the
@@ -1194,8 +1391,8 @@ BACKWARD_SCHEDULES = {"split": ("dq", "dkdv"), "atomic": ("delta", "dkdv-atomic"
 # 8 x 8192, the same at 16 x 4096 and 16 x 1024, 1.07x at 32 x 2048 and 1.22x at 48 x 512.
 # At d 128 the paired backward took 0.78x split's time at 16 x 16384, 0.90x at 16 x 8192 and
 # 0.965x at 16 x 4096, and 1.04x at 32 x 2048 (the same measurement, docs/measurements.md)
-DEFAULT_BACKWARD_SCHEDULES = {64: {0: "split", 8192: "specialized"},
-                              128: {0: "split", 4096: "paired"}}
+DEFAULT_BACKWARD_SCHEDULES = {64: {0: "split", 8192: "specialized"}, 80: {0: "split"},
+                              96: {0: "split"}, 128: {0: "split", 4096: "paired"}}
 
 
 def default_backward_schedule(d: int, seq: int) -> str:
@@ -1251,6 +1448,14 @@ TILES = {
     # block_m rows a program
     "delta": {64: Tiles(block_m=64, num_warps=4), 128: Tiles(block_m=64, num_warps=4)},
 }
+# d 80 and 96 (`head_split`: 64 columns and a rest) take d 128's tiles, in the kernels that take
+# them (`_SPLIT_D_KERNELS`, the waited forward and the split backward). Replayed from CUDA graphs
+# on an H200, the step (forward and backward) at d 128's forward and dQ tiles took 0.852x and
+# 0.837x cuDNN's time at 32 x 2048 x 80 (d 64's: 0.857x), 0.910x and 0.881x at 128 x 512 x 80
+# (0.916x) and 0.907x and 0.903x at 32 x 2048 x 96 (0.919x), each tried alone
+# (docs/measurements.md, "Head dims of 80 and 96")
+for _kernel in ("forward", "dq", "dkdv"):
+    TILES[_kernel].update({d: TILES[_kernel][128] for d in (80, 96)})
 
 
 @functools.cache
@@ -1292,7 +1497,8 @@ def _rows(*tensors: Tensor) -> list[Tensor]:
 
 
 def _descriptor(t: Tensor, block_rows: int, block_cols: int | None = None):
-    """A TMA descriptor of 2-D rows `t` in tiles of block_rows by block_cols (all of a row)."""
+    """A TMA descriptor of 2-D rows `t` in tiles of block_rows by block_cols (by default all of
+    a row; a kernel says from which column it loads a tile)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     rows, d = t.shape
     block_cols = block_cols or d
@@ -1355,15 +1561,21 @@ def _launch(kernel: str, shape: tuple[int, int, int], is_causal: bool, *args) ->
 
 def _operands(kernel: str, d: int, made: dict, *rows: Tensor) -> list:
     """TMA descriptors of q, k, v (and dO) rows for the kernel's tiles: queries and dO in tiles
-    of block_m rows, keys and values of block_n. Each (tensor, rows) is described once a call
+    of block_m rows, keys and values of block_n, each of the head dim's main columns
+    (`head_split`); then, for the kernels of _SPLIT_D_KERNELS, the same of its rest columns
+    (None where there are none). Each (tensor, rows, columns) is described once a call
     (`made`), so that a backward's two kernels share them."""
     tiles = TILES[kernel][d]
+    main, rest = head_split(d)
+    parts = [main] + ([rest] if kernel in _SPLIT_D_KERNELS else [])
     described = []
-    for t, block_rows in zip(rows, (tiles.block_m, tiles.block_n, tiles.block_n, tiles.block_m)):
-        key = (id(t), block_rows)
-        if key not in made:
-            made[key] = _descriptor(t, block_rows)
-        described.append(made[key])
+    for cols in parts:
+        for t, block_rows in zip(rows, (tiles.block_m, tiles.block_n, tiles.block_n,
+                                        tiles.block_m)):
+            key = (id(t), block_rows, cols)
+            if cols and key not in made:
+                made[key] = _descriptor(t, block_rows, cols)
+            described.append(made[key] if cols else None)
     return described
 
 
@@ -1380,6 +1592,9 @@ def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False
     module)."""
     if schedule is not None:
         _check_schedule(schedule)
+        takes = tuple(TILES[SCHEDULES[schedule]])
+        if q.shape[-1] in SUPPORTED_HEAD_DIMS and q.shape[-1] not in takes:
+            raise ValueError(f"the {schedule} forward takes d in {takes}; got {q.shape[-1]}")
     check_inputs(q, k, v)
     shape = _rows_shape(q)
     seq, d = shape[1:]
@@ -1544,20 +1759,28 @@ def _signature(kernel: str, d: int, tiles: Tiles, dtype: torch.dtype) -> dict:
     """The kernel's argument types as the compiler reads them (TMA descriptors with their block
     and shared layout)."""
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    main, rest = head_split(d)
 
-    def descriptor(block_rows):
-        layout = _shared_layout(block_rows, d, GL_DTYPES[dtype])
-        return f"tensordesc<{name}[{block_rows}, {d}],{layout!r}>"
+    def descriptor(block_rows, cols=main):
+        layout = _shared_layout(block_rows, cols, GL_DTYPES[dtype])
+        return f"tensordesc<{name}[{block_rows}, {cols}],{layout!r}>"
+
+    def rests(*block_rows):     # the rest columns' descriptors, constexpr None without them
+        names = ("q_rest", "k_rest", "v_rest", "do_rest")
+        return {n: descriptor(r, rest) if rest else "constexpr" for n, r in zip(names, block_rows)}
 
     if kernel == "delta":
         return {"o_ptr": f"*{name}", "do_ptr": f"*{name}", "delta_ptr": "*fp32", "seq": "i32"}
     q_rows, kv_rows = tiles.block_m, tiles.block_n      # query tiles, key tiles, every kernel
     tensors = {"q_desc": descriptor(q_rows), "k_desc": descriptor(kv_rows),
                "v_desc": descriptor(kv_rows)}
+    split = kernel in _SPLIT_D_KERNELS
     if kernel.startswith("forward"):
-        return {**tensors, "o_ptr": f"*{name}", "lse_ptr": "*fp32", "seq": "i32",
-                "qk_scale": "fp32"}
+        return {**tensors, **(rests(q_rows, kv_rows, kv_rows) if split else {}),
+                "o_ptr": f"*{name}", "lse_ptr": "*fp32", "seq": "i32", "qk_scale": "fp32"}
     tensors["do_desc"] = descriptor(q_rows)
+    if split:
+        tensors.update(rests(q_rows, kv_rows, kv_rows, q_rows))
     if kernel.startswith("dkdv"):   # dQ: the split one's unused, the atomic one's fp32 tiles
         cols = _dq_columns(kernel, d)
         dq = (f"tensordesc<fp32[{q_rows}, {cols}],{_shared_layout(q_rows, cols, gl.float32)!r}>"
@@ -1575,8 +1798,11 @@ def _resource_usage(kernel: str, d: int, is_causal: bool, tiles: Tiles,
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = _KERNEL_FUNCTIONS[kernel]
-    constants = {**_constants(kernel, d, is_causal, tiles), "num_warps": tiles.num_warps}
-    signature = {**_signature(kernel, d, tiles, dtype), **dict.fromkeys(constants, "constexpr")}
+    arguments = _signature(kernel, d, tiles, dtype)
+    constants = {**_constants(kernel, d, is_causal, tiles), "num_warps": tiles.num_warps,
+                 **{name: None for name, kind in arguments.items() if kind == "constexpr"}}
+    kinds = {**arguments, **dict.fromkeys(constants, "constexpr")}
+    signature = {name: kinds[name] for name in fn.arg_names}     # in the kernel's order
     # as the JIT specializes a launch: pointers 16-byte aligned (torch's allocations are) and
     # the sequence length a multiple of 16 (every length the benchmarks time)
     divisible = {(fn.arg_names.index(name),): [["tt.divisibility", 16]]

@@ -217,8 +217,8 @@ def flash_triton_ieee_attention(q: Tensor, k: Tensor, v: Tensor,
 def flash_gluon_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
     """FlashAttention-2 for Hopper in Gluon (`kernels.flash_gluon`: TMA loads and wgmma written
     out), on (batch, heads, seq, d) inputs or (batch, seq, d) ones as one head. Where its
-    kernels cannot take the inputs (a head dimension other than 64 or 128, fp32, a GPU other
-    than Hopper, the CPU), the Triton FA2 runs them, the reason logged once. One head runs as
+    kernels cannot take the inputs (a head dimension other than 64, 80, 96 or 128, fp32, a GPU
+    other than Hopper, the CPU), the Triton FA2 runs them, the reason logged once. One head runs as
     it comes, with no dim added and removed (the kernels see (rows, d) either way): no select's
     zero-fill and copy in the backward, no autograd nodes for views."""
     from cs336_systems.kernels.flash_gluon import FlashAttentionGluon, unsupported_reason

@@ -46,8 +46,8 @@ def _ours(attention: str, optimizer: str, compile_: bool) -> TrainingRun:
     return TrainingRun("ours", attention, optimizer, compile_)
 
 
-# names of lm.attention's registry, as in the run names (flash-gluon: Hopper, d 64 and 128; the
-# Triton FA2 elsewhere)
+# names of lm.attention's registry, as in the run names (flash-gluon: Hopper, d 64, 80, 96 and
+# 128; the Triton FA2 elsewhere)
 ATTENTIONS = ("sdpa", "flash-triton", "flash-gluon")
 
 RUNS: dict[str, TrainingRun] = {
