@@ -56,11 +56,11 @@ def _sustained(variant, ms, clock, capped=1.0, power=680.0):
 
 def _write(tmp_path: Path, ours_bwd=(2.4, 3.6), atomic_key=6.0, cudnn=(1.7, 4.6),
            jitter=0.0, shape="16x16384x128", status="ok", skipped=(), gluon=None,
-           sustained=None) -> str:
+           sustained=None, ceiling=None) -> str:
     """A kernel profile record: ours's dQ and key-tile kernels, the atomic variant's key-tile
     kernel, cuDNN's forward and backward (plus its small dot(dO, O) kernel), SDPA flash's; with
     `gluon` (forward, dQ, key-tile ms), the Gluon kernels'; with `sustained`, the back-to-back
-    runs' entries."""
+    runs' entries; with `ceiling`, the job's matmul TFLOP/s."""
     dq, key = ours_bwd
     kernels = [
         _kernel("flash-triton", "flash_fwd_kernel", _steps(2.0, jitter), 2),
@@ -92,7 +92,8 @@ def _write(tmp_path: Path, ours_bwd=(2.4, 3.6), atomic_key=6.0, cudnn=(1.7, 4.6)
                          "causal": True, "steps": 3, "seed": 0},
               "metrics": {"kernels": kernels, "variants": variants, "binaries": BINARIES,
                           "unit_tflop": UNIT_TFLOP, "needed_units": kernel_variants.NEEDED,
-                          **({"sustained": sustained} if sustained is not None else {})}
+                          **({"sustained": sustained} if sustained is not None else {}),
+                          **({"matmul_tflops": ceiling} if ceiling is not None else {})}
               if status == "ok" else {}}
     if sustained is not None:
         record["config"]["sustain_s"] = 3.0
@@ -255,6 +256,26 @@ def test_the_gluon_kernels_against_cudnn_pass_by_pass(tmp_path):
     assert "Gluon FA2 (sm90), backward: 1.06x slower than SDPA cuDNN. Its kernels execute 7 " \
         "matmul units (the pass needs 5) at 770 TFLOP/s, 1.32x the rate" in text
     assert "`attention_dkdv_kernel` runs 4 warps at 255 registers a thread (14 spilled)" in text
+
+
+def test_rates_are_held_against_the_jobs_matmul_ceiling(tmp_path):
+    """Each pass's rate as a share of the job's own bf16 matmul ceiling: what ours executes,
+    what a stock kernel does of the needed work; a record from before the ceiling says none."""
+    facts = _facts(tmp_path / "a", [_write(_mkdir(tmp_path / "a"), gluon=(2.2, 2.0, 3.0),
+                                           ceiling=1000.0)])
+    shape = facts["kernels"]["shapes"][0]
+    bwd = shape["gluon"]["backward"]
+    assert bwd["ceiling_share"] == pytest.approx(7 * UNIT_TFLOP / 5.0e-3 / 1000.0)
+    assert bwd["reference_ceiling_share"] == pytest.approx(5 * UNIT_TFLOP / 4.7e-3 / 1000.0)
+    text = _prose(tmp_path / "a", facts)
+    assert "matmul ceiling, a large bf16 matrix product timed in it first " \
+        "(`measure.ceilings`): 1000 TFLOP/s" in text
+    assert "at 770 TFLOP/s (77% of the matmul ceiling), 1.32x the rate at which SDPA cuDNN " \
+        "does the needed ones (585 TFLOP/s, 59%)" in text
+    assert "% of the matmul ceiling |" in text
+    before = _facts(tmp_path / "b", [_write(_mkdir(tmp_path / "b"), gluon=(2.2, 2.0, 3.0))])
+    assert before["kernels"]["shapes"][0]["gluon"]["backward"]["ceiling_share"] is None
+    assert "matmul ceiling" not in _prose(tmp_path / "b", before).split("|")[0]
 
 
 def test_faster_gluon_kernels_say_so_and_absent_ones_say_nothing(tmp_path):

@@ -92,9 +92,12 @@ def kernels_table(record_paths: list[str]) -> pd.DataFrame:
 
 def pass_rows(record: dict) -> dict[tuple[str, str], dict]:
     """(variant, pass) -> its device ms a step (median and std over the steps, each step the sum
-    of the pass's kernels), the rate of the work it needs and, for ours, of what it executes."""
+    of the pass's kernels), the rate of the work it needs and, for ours, of what it executes,
+    and that rate's share of the job's bf16 matmul ceiling (`ceiling_share`; None in a record
+    without one)."""
     metrics = record["metrics"]
     unit_tflop = metrics["unit_tflop"]
+    ceiling = metrics.get("matmul_tflops")
     out = {}
     for variant in VARIANTS:
         for pass_name in PASSES:
@@ -105,12 +108,14 @@ def pass_rows(record: dict) -> dict[tuple[str, str], dict]:
             ms, std = _median_std([sum(steps) for steps in zip(*(e["step_ms"] for e in entries))])
             units = [e["matmul_units"] for e in entries]
             executed = sum(units) if None not in units else None
+            needed_tflops = NEEDED[pass_name] * unit_tflop / (ms / 1e3)
+            executed_tflops = executed * unit_tflop / (ms / 1e3) if executed else None
             out[variant, pass_name] = {
                 "variant": variant, "label": variant_label(variant), "pass": pass_name,
                 "ms": ms, "std": std, "needed_units": NEEDED[pass_name],
-                "needed_tflops": NEEDED[pass_name] * unit_tflop / (ms / 1e3),
-                "executed_units": executed,
-                "executed_tflops": executed * unit_tflop / (ms / 1e3) if executed else None}
+                "needed_tflops": needed_tflops, "executed_units": executed,
+                "executed_tflops": executed_tflops,
+                "ceiling_share": (executed_tflops or needed_tflops) / ceiling if ceiling else None}
     return out
 
 
@@ -121,7 +126,9 @@ def passes_display(passes: dict) -> pd.DataFrame:
              "matmul units executed (needed)": (f"{p['executed_units']} ({p['needed_units']})"
                                                 if p["executed_units"] is not None
                                                 else f"({p['needed_units']})"),
-             "TFLOP/s executed": fmt(p["executed_tflops"], 0)}
+             "TFLOP/s executed": fmt(p["executed_tflops"], 0),
+             "% of the matmul ceiling": fmt(100 * p["ceiling_share"], 0)
+             if p["ceiling_share"] is not None else ""}
             for p in passes.values()]
     return pd.DataFrame(rows)
 
@@ -171,8 +178,9 @@ def backward_gap(backward: dict | None, rates: dict | None) -> str | None:
 def gluon_facts(passes: dict, binaries: dict) -> dict | None:
     """The Gluon kernels against cuDNN, pass by pass: the time (`speedup`, ratio = cuDNN / ours),
     the matmul units they execute and at what rate, against the rate at which cuDNN does the
-    units the pass needs (`rate_ratio` = ours / cuDNN), and what each kernel's binary asks of a
-    multiprocessor; None where the Gluon kernels did not run."""
+    units the pass needs (`rate_ratio` = ours / cuDNN), each rate's share of the job's matmul
+    ceiling (None without one), and what each kernel's binary asks of a multiprocessor; None
+    where the Gluon kernels did not run."""
     out = {}
     for pass_name in PASSES:
         ours, reference = passes.get((GLUON, pass_name)), passes.get((REFERENCE, pass_name))
@@ -184,6 +192,8 @@ def gluon_facts(passes: dict, binaries: dict) -> dict | None:
             "executed_tflops": ours["executed_tflops"],
             "reference_tflops": reference["needed_tflops"],
             "rate_ratio": ours["executed_tflops"] / reference["needed_tflops"],
+            "ceiling_share": ours["ceiling_share"],
+            "reference_ceiling_share": reference["ceiling_share"],
             "kernels": [{"name": name, **binaries[name]} for name in GLUON_KERNELS[pass_name]
                         if name in binaries]}
     return out or None
@@ -246,6 +256,7 @@ def shape_facts(record: dict) -> dict:
     ours_fwd, ref_fwd = passes.get((OURS, "forward")), passes.get((REFERENCE, "forward"))
     return {**base, "status": "ok",
             "table": tables.to_markdown(passes_display(passes)),
+            "ceiling_tflops": record["metrics"].get("matmul_tflops"),
             "forward": forward,
             # both do the work the forward needs: ours at this rate against cuDNN's
             "forward_rates": {"ours": ours_fwd["needed_tflops"],

@@ -15,7 +15,11 @@ Then each variant runs its steps back to back for `sustain_s` seconds, after an 
 `measure.gpu_state` samples the GPU's clock and power (`sustained`): the profiled steps, each
 followed by a synchronisation, run in bursts that a board under its power cap can take at a
 higher clock than it holds through a sustained run, and a kernel that does more work a step
-spends more energy, which under the cap is time. A GPU-only job: on a CPU it records `skipped`.
+spends more energy, which under the cap is time.
+
+Before any of it, the job measures its own ceiling: the TFLOP/s of a large bf16 matrix product
+(`measure.ceilings`), against which a kernel's executed rate says how far its tensor cores are
+from theirs. A GPU-only job: on a CPU it records `skipped`.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 
 from cs336_systems.lm.attention import get_attention, unavailable_reason
 from cs336_systems.lm.precision import PRECISIONS
+from cs336_systems.measure.ceilings import matmul_tflops
 from cs336_systems.measure.gpu_state import GpuSampler
 from cs336_systems.measure.profiling import capture, kernel_table, trace_events
 from cs336_systems.measure.timing import synchronize
@@ -149,6 +154,7 @@ def measure(config: dict, device: torch.device) -> dict:
     shape, dtype, causal, steps = (tuple(config["shape"]), PRECISIONS[config["precision"]],
                                    config["causal"], config["steps"])
     torch.manual_seed(config["seed"])
+    ceiling = matmul_tflops(device)
     rows, variants, runs = profile_variants(shape, dtype, causal, steps, device)
     runs_sustained = sustained(runs, config["sustain_s"], device)
     kernels = {}  # (variant, kernel) -> its entry, with its device ms in each step
@@ -164,4 +170,4 @@ def measure(config: dict, device: torch.device) -> dict:
         entry["step_ms"][int(row["step"].split()[-1])] += row["us"] / 1e3
     return {"kernels": list(kernels.values()), "variants": variants, "binaries": binaries(),
             "sustained": runs_sustained, "unit_tflop": unit_flops(shape, causal) / 1e12,
-            "needed_units": NEEDED}
+            "needed_units": NEEDED, "matmul_tflops": ceiling}
