@@ -140,7 +140,7 @@ def head_split(d: int) -> tuple:
     or 128) and the rest (none at d 64 and 128; 16 at d 80, 32 at d 96), a TMA tile and a wgmma
     of its own. Triton's register tensors have power-of-two shapes, so d 80 is 64 + 16 columns
     rather than 128 with 48 of them zeros."""
-    main = 128 if d >= 128 else 64
+    main = 128 if d >= 128 else 64 if d >= 64 else d
     return main, d - main
 
 
@@ -153,13 +153,17 @@ def _padded(d: int) -> int:
 @triton.constexpr_function
 def _wgmma_layouts(walked: int, head_d: int, num_warps: int) -> tuple:
     """A program's register layouts, its warps splitting the rows of each wgmma: the scores'
-    (the program's rows by `walked` columns), the accumulators' (rows by head_d), and the
-    A operand's of a product into an accumulator (P, or dS, from registers)."""
+    (the program's rows by `walked` columns), the accumulators' of head_d's main columns
+    (`head_split`), and the A operand's of a product into them (P, or dS, from registers);
+    then the same two for its rest columns (the main ones' again where there are none)."""
+    main, rest = head_split(head_d)
     scores = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                        instr_shape=[16, walked, 16])
-    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                    instr_shape=[16, head_d, 16])
-    return scores, acc, gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    acc, rest_acc = (gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                               instr_shape=[16, cols, 16])
+                     for cols in (main, rest or main))
+    return (scores, acc, gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2), rest_acc,
+            gl.DotOperandLayout(operand_index=0, parent=rest_acc, k_width=2))
 
 
 @triton.constexpr_function
@@ -400,14 +404,12 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, q_rest, k_rest, v_rest, o_ptr, 
     REST: gl.constexpr = REST_D > 0
     gl.static_assert(not (REST and OVERLAP), "the overlapped forward takes d 64 or 128")
 
-    layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, MAIN_D, num_warps)
+    layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, HEAD_D, num_warps)
     s_layout: gl.constexpr = layouts[0]
     o_layout: gl.constexpr = layouts[1]
     p_layout: gl.constexpr = layouts[2]
-    rest_layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, REST_D if REST else MAIN_D,
-                                                num_warps)
-    r_layout: gl.constexpr = rest_layouts[1]    # the rest columns' accumulators
-    rop_layout: gl.constexpr = rest_layouts[2]  # and their products' A operands
+    r_layout: gl.constexpr = layouts[3]      # the rest columns' accumulators
+    rop_layout: gl.constexpr = layouts[4]    # and their products' A operands
 
     q_smem, q_tail, q_ready = _own_tile(q_desc, head_row + start_m, q_rest)
     k_smem, v_smem, kv_ready = _ring_pair(k_desc, v_desc, STAGES)
@@ -517,11 +519,11 @@ def _store_outputs(o_ptr, lse_ptr, acc, m_i, l_i, head_row, start_m, seq,
     rows past the sequence's end left unwritten. With REST, O's rest columns too (`acc_rest`,
     after acc's)."""
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    _store_rows(o_ptr, acc / l_o[:, None], head_row, start_m, seq, o_layout, HEAD_D, BLOCK_M)
+    rest = acc
     if REST:
-        l_r = gl.convert_layout(l_i, gl.SliceLayout(1, r_layout))
-        _store_rows(o_ptr, acc_rest / l_r[:, None], head_row, start_m, seq, r_layout, HEAD_D,
-                    BLOCK_M, acc.shape[1])
+        rest = acc_rest / gl.convert_layout(l_i, gl.SliceLayout(1, r_layout))[:, None]
+    _store_split(o_ptr, acc / l_o[:, None], rest, head_row, start_m, seq, o_layout, r_layout,
+                 HEAD_D, BLOCK_M, REST)
     lse_rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, s_layout))
     lse = (m_i + gl.log2(l_i)) * LN_2
     gl.store(lse_ptr + head_row + lse_rows, lse, mask=lse_rows < seq)
@@ -878,14 +880,12 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, q_rest, k_rest, v_res
     REST: gl.constexpr = REST_D > 0
     gl.static_assert(not (REST and ATOMIC_DQ), "the atomic backward takes d 64")
 
-    layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, MAIN_D, num_warps)  # keys are the rows
+    layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, HEAD_D, num_warps)  # keys are the rows
     st_layout: gl.constexpr = layouts[0]
     acc_layout: gl.constexpr = layouts[1]
     op_layout: gl.constexpr = layouts[2]
-    rest_layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, REST_D if REST else MAIN_D,
-                                                num_warps)
-    r_layout: gl.constexpr = rest_layouts[1]    # the rest columns' accumulators
-    rop_layout: gl.constexpr = rest_layouts[2]  # and their products' A operands
+    r_layout: gl.constexpr = layouts[3]      # the rest columns' accumulators
+    rop_layout: gl.constexpr = layouts[4]    # and their products' A operands
 
     k_smem, v_smem, k_tail, v_tail, kv_ready = _own_pair(k_desc, v_desc, head_row + start_n,
                                                          k_rest, v_rest)
@@ -938,13 +938,10 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, q_rest, k_rest, v_res
     mbarrier.invalidate(kv_ready)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
-    _store_rows(dk_ptr, dk * sm_scale, head_row, start_n, seq, acc_layout, HEAD_D, BLOCK_N)
-    _store_rows(dv_ptr, dv, head_row, start_n, seq, acc_layout, HEAD_D, BLOCK_N)
-    if REST:
-        _store_rows(dk_ptr, dk_rest * sm_scale, head_row, start_n, seq, r_layout, HEAD_D,
-                    BLOCK_N, MAIN_D)
-        _store_rows(dv_ptr, dv_rest, head_row, start_n, seq, r_layout, HEAD_D, BLOCK_N,
-                    MAIN_D)
+    _store_split(dk_ptr, dk * sm_scale, dk_rest * sm_scale, head_row, start_n, seq, acc_layout,
+                 r_layout, HEAD_D, BLOCK_N, REST)
+    _store_split(dv_ptr, dv, dv_rest, head_row, start_n, seq, acc_layout, r_layout, HEAD_D,
+                 BLOCK_N, REST)
 
 
 @gluon.jit
@@ -994,14 +991,12 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, q_rest, k_rest, v_rest,
     REST_D: gl.constexpr = split[1]
     REST: gl.constexpr = REST_D > 0
 
-    layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, MAIN_D, num_warps)
+    layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, HEAD_D, num_warps)
     s_layout: gl.constexpr = layouts[0]
     acc_layout: gl.constexpr = layouts[1]
     op_layout: gl.constexpr = layouts[2]
-    rest_layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, REST_D if REST else MAIN_D,
-                                                num_warps)
-    r_layout: gl.constexpr = rest_layouts[1]    # the rest columns' accumulators
-    rop_layout: gl.constexpr = rest_layouts[2]  # and their products' A operands
+    r_layout: gl.constexpr = layouts[3]      # the rest columns' accumulators
+    rop_layout: gl.constexpr = layouts[4]    # and their products' A operands
 
     q_smem, do_smem, q_tail, do_tail, q_ready = _own_pair(q_desc, do_desc, head_row + start_m,
                                                           q_rest, do_rest)
@@ -1034,10 +1029,8 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, q_rest, k_rest, v_rest,
     mbarrier.invalidate(q_ready)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
-    _store_rows(dq_ptr, dq * sm_scale, head_row, start_m, seq, acc_layout, HEAD_D, BLOCK_M)
-    if REST:
-        _store_rows(dq_ptr, dq_rest * sm_scale, head_row, start_m, seq, r_layout, HEAD_D,
-                    BLOCK_M, MAIN_D)
+    _store_split(dq_ptr, dq * sm_scale, dq_rest * sm_scale, head_row, start_m, seq, acc_layout,
+                 r_layout, HEAD_D, BLOCK_M, REST)
 
 
 @gluon.jit
@@ -1320,6 +1313,17 @@ def _row_dots(a_ptr, b_ptr, head_row, start, seq, HEAD_D: gl.constexpr, BLOCK: g
     a = gl.load(a_ptr + offsets, mask=inside, other=0.0).to(gl.float32)
     b = gl.load(b_ptr + offsets, mask=inside, other=0.0).to(gl.float32)
     return rows, gl.sum(a * b, axis=1)
+
+
+@gluon.jit
+def _store_split(ptr, values, rest, head_row, start, seq, layout: gl.constexpr,
+                 r_layout: gl.constexpr, HEAD_D: gl.constexpr, BLOCK: gl.constexpr,
+                 REST: gl.constexpr):
+    """BLOCK rows of an output (`_store_rows`): its main columns from `values` and, with REST,
+    its rest columns (`head_split`) from `rest`, in `r_layout`."""
+    _store_rows(ptr, values, head_row, start, seq, layout, HEAD_D, BLOCK)
+    if REST:
+        _store_rows(ptr, rest, head_row, start, seq, r_layout, HEAD_D, BLOCK, values.shape[1])
 
 
 @gluon.jit
