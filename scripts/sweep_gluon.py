@@ -58,6 +58,10 @@ CANDIDATES = {
            128: [Tiles(64, 64, 2, 4), Tiles(128, 64, 2, 8), Tiles(64, 64, 3, 4),
                  Tiles(64, 128, 2, 4), Tiles(128, 128, 2, 8)]},
 }
+# d 80 and 96 (64 columns and a rest: `fg.head_split`) run in the waited forward and the split
+# backward, and take d 128's candidates there
+for _kernel in ("forward", "dq", "dkdv"):
+    CANDIDATES[_kernel].update({d: CANDIDATES[_kernel][128] for d in (80, 96)})
 
 
 def sweep(heads: int, seq: int, d: int, kernels: list[str]) -> list[dict]:
