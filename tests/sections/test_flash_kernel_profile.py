@@ -273,6 +273,9 @@ def test_rates_are_held_against_the_jobs_matmul_ceiling(tmp_path):
     assert "at 770 TFLOP/s (77% of the matmul ceiling), 1.32x the rate at which SDPA cuDNN " \
         "does the needed ones (585 TFLOP/s, 59%)" in text
     assert "% of the matmul ceiling |" in text
+    # on one line as rendered, where a line break inside the sentence would leave two spaces
+    assert "770 TFLOP/s (77% of the matmul ceiling)" in section_text(
+        "flash", facts, link_base=tmp_path / "a")
     before = _facts(tmp_path / "b", [_write(_mkdir(tmp_path / "b"), gluon=(2.2, 2.0, 3.0))])
     assert before["kernels"]["shapes"][0]["gluon"]["backward"]["ceiling_share"] is None
     assert "matmul ceiling" not in _prose(tmp_path / "b", before).split("|")[0]
