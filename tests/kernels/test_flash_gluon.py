@@ -17,12 +17,12 @@ from cs336_systems.kernels.flash_gluon import (
     SUPPORTED_HEAD_DIMS,
     TILES,
     FlashAttentionGluon,
-    head_split,
     check_inputs,
     compile_for_sm90,
     default_backward_schedule,
     flash_gluon_backward,
     flash_gluon_forward,
+    head_split,
 )
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
