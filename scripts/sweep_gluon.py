@@ -34,13 +34,13 @@ CANDIDATES = {
                                  Tiles(128, 128, 2, 8, 168), Tiles(64, 64, 3, 4, 128)],
                             128: [Tiles(128, 128, 2, 8, 168), Tiles(128, 64, 3, 8, 168),
                                   Tiles(64, 128, 2, 4, 128), Tiles(64, 64, 3, 4, 128)]},
-    # the ping-pong forward: rows a consumer warpgroup (a program owns two tiles), 168 registers
-    # at launch
-    "forward-pingpong": {64: [Tiles(64, 128, 2, 4, 168), Tiles(64, 64, 3, 4, 168),
-                              Tiles(64, 128, 3, 4, 168), Tiles(128, 64, 2, 4, 168)],
-                         128: [Tiles(64, 128, 2, 4, 168), Tiles(64, 128, 3, 4, 168),
-                               Tiles(64, 64, 3, 4, 168), Tiles(64, 64, 2, 4, 168),
-                               Tiles(64, 64, 4, 4, 168)]},
+    # the ping-pong forward: rows a consumer warpgroup, and its consumers (a query tile each):
+    # two at 168 registers a thread at launch, three at 128
+    "forward-pingpong": {64: [Tiles(64, 128, 3, 4, 128, 3), Tiles(64, 128, 4, 4, 128, 3),
+                              Tiles(64, 64, 4, 4, 128, 3), Tiles(64, 128, 3, 4, 168, 2),
+                              Tiles(64, 64, 3, 4, 168, 2)],
+                         128: [Tiles(64, 128, 3, 4, 168, 2), Tiles(64, 128, 2, 4, 168, 2),
+                               Tiles(64, 64, 3, 4, 168, 2), Tiles(64, 64, 4, 4, 168, 2)]},
     "dkdv": {64: [Tiles(64, 128, 2, 8), Tiles(128, 128, 2, 8), Tiles(64, 64, 2, 4),
                   Tiles(128, 64, 2, 4), Tiles(64, 64, 3, 4)],
              128: [Tiles(64, 64, 2, 4), Tiles(64, 64, 3, 4), Tiles(128, 64, 2, 4),

@@ -14,12 +14,14 @@ from cs336_systems.kernels.flash_gluon import (
     KERNELS,
     LOADER_WARPS,
     SCHEDULES,
+    SPILLED_BYTES,
     SUPPORTED_HEAD_DIMS,
     TILES,
     FlashAttentionGluon,
     check_inputs,
     compile_for_sm90,
     default_backward_schedule,
+    default_schedule,
     flash_gluon_backward,
     flash_gluon_forward,
     head_split,
@@ -33,7 +35,8 @@ SM90_SHARED_BYTES = 227 * 1024  # the most shared memory one block of an H100 or
 @pytest.mark.parametrize("kernel, d", [(kernel, d) for kernel in KERNELS for d in TILES[kernel]])
 def test_compiles_for_hopper_without_spilling(kernel, d):
     usage = compile_for_sm90(kernel, d, is_causal=True)
-    assert usage["spilled_bytes"] == 0, usage
+    # none, but where the module names a few bytes that it measured fastest with
+    assert usage["spilled_bytes"] <= SPILLED_BYTES.get((kernel, d), 0), usage
     assert usage["shared_bytes"] <= SM90_SHARED_BYTES, usage
     # ptxas keeps every kernel's products in flight but the overlapped forward's: its P V
     # stays in flight into the next tile's step, reading P from registers that step rewrites,
@@ -42,10 +45,11 @@ def test_compiles_for_hopper_without_spilling(kernel, d):
     assert usage["serialized_wgmma"] == (kernel == "forward-overlap"), usage
     # the registers a thread may have with its warps in one block of 64K (a loader partition's
     # warps count as a warpgroup of four: registers are allotted by warpgroup)
-    warps = TILES[kernel][d].num_warps + {"forward-specialized": 4 * LOADER_WARPS,
-                                          "forward-pingpong": 4 + 4 * LOADER_WARPS,
-                                          "dkdv-specialized": 8 + 4 * LOADER_WARPS,
-                                          "dkdv-paired": 4 + 4 * LOADER_WARPS}.get(kernel, 0)
+    tiles = TILES[kernel][d]
+    warps = tiles.num_warps + {"forward-specialized": 4 * LOADER_WARPS,
+                               "forward-pingpong": 4 * (tiles.query_tiles - 1) + 4 * LOADER_WARPS,
+                               "dkdv-specialized": 8 + 4 * LOADER_WARPS,
+                               "dkdv-paired": 4 + 4 * LOADER_WARPS}.get(kernel, 0)
     assert usage["registers"] <= min(255, 65536 // (32 * warps)), usage
 
 
@@ -63,8 +67,10 @@ def test_every_head_dimension_has_each_default_schedules_tiles():
     paired one, d 128)."""
     assert set(DEFAULT_SCHEDULES) == set(SUPPORTED_HEAD_DIMS)
     assert set(DEFAULT_BACKWARD_SCHEDULES) == set(SUPPORTED_HEAD_DIMS)
-    for d, schedule in DEFAULT_SCHEDULES.items():
-        assert d in TILES[SCHEDULES[schedule]], (d, schedule)
+    for d, by_length in DEFAULT_SCHEDULES.items():
+        assert 0 in by_length, d          # every length has a default
+        for schedule in by_length.values():
+            assert d in TILES[SCHEDULES[schedule]], (d, schedule)
     for d, by_length in DEFAULT_BACKWARD_SCHEDULES.items():
         assert 0 in by_length, d          # every length has a default
         for schedule in by_length.values():
@@ -97,7 +103,7 @@ def test_head_dims_between_powers_of_two_are_split_in_two_tiles():
     assert [head_split(d) for d in SUPPORTED_HEAD_DIMS] == [(64, 0), (64, 16), (64, 32),
                                                             (128, 0)]
     for d in (80, 96):
-        assert DEFAULT_SCHEDULES[d] == "waited"
+        assert default_schedule(d, 65536) == "waited"
         assert default_backward_schedule(d, 65536) == "split"
     q = torch.randn(1, 1, 16, 80, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"the pingpong forward takes d in \(64, 128\); got 80"):
@@ -157,6 +163,13 @@ def test_gradients_match_float64(schedule, d, seq, is_causal):
         assert error < 2e-2, f"d{name}: relative error {error:.3g}"
 
 
+def test_the_default_forward_pingpongs_three_consumers_for_long_sequences_at_d64():
+    assert [default_schedule(64, seq) for seq in (1, 4096, 8191, 8192, 65536)] == [
+        "waited", "waited", "waited", "pingpong", "pingpong"]
+    assert TILES["forward-pingpong"][64].query_tiles == 3
+    assert {default_schedule(128, seq) for seq in (1, 4096, 65536)} == {"pingpong"}
+
+
 def test_the_default_backward_is_warp_specialized_for_long_sequences():
     assert [default_backward_schedule(64, seq) for seq in (1, 4096, 8191, 8192, 65536)] == [
         "split", "split", "split", "specialized", "specialized"]
@@ -187,15 +200,17 @@ def test_the_autograd_function_takes_the_long_default_backward(d, schedule, is_c
 
 def test_each_kernels_grid_has_a_program_per_tile_it_owns():
     """Query-tile kernels take the heads fastest over their grid, the others their tiles; the
-    ping-pong forward's programs own two query tiles, the specialized and paired backwards'
-    128 keys."""
+    ping-pong forward's programs own three query tiles at d 64 and two at d 128, the specialized
+    and paired backwards' 128 keys."""
     from cs336_systems.kernels.flash_gluon import Tiles, _launch_plan
     heads, seq = 48, 1000
     grids = {kernel: _launch_plan(kernel, heads, seq, 64, True, TILES[kernel][64]).grid
              for kernel in ("forward", "forward-pingpong", "dq", "dkdv", "dkdv-specialized",
                             "delta")}
-    assert grids == {"forward": (heads, 16), "forward-pingpong": (heads, 8), "dq": (heads, 16),
+    assert grids == {"forward": (heads, 16), "forward-pingpong": (heads, 6), "dq": (heads, 16),
                      "dkdv": (16, heads), "dkdv-specialized": (8, heads), "delta": (16, heads)}
+    assert _launch_plan("forward-pingpong", heads, seq, 128, True,
+                        TILES["forward-pingpong"][128]).grid == (heads, 8)
     assert _launch_plan("dkdv-paired", heads, seq, 128, True,
                         TILES["dkdv-paired"][128]).grid == (8, heads)
     assert _launch_plan("delta", heads, seq, 64, True, TILES["delta"][64]).kwargs == {

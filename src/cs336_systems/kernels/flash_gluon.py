@@ -2,12 +2,13 @@
 shared memory, the TMA loads into rings of STAGES buffers with an mbarrier each, and
 `warpgroup_mma` (wgmma) for every matrix product are written out, where `tl` leaves them to
 the compiler. The forward comes in four schedules (`SCHEDULES`): each wgmma waited for at once
-(`waited`, the default at d 64), FlashAttention-3's overlap of one tile's softmax with the next
-tile's S and this tile's P V (`overlapped`), FlashAttention-3's warp specialization, a loader
-warp issuing every TMA load while the other warps compute (`specialized`), and the same with
-two consumer warpgroups taking turns at the tensor cores, each overlapping its softmax with its
-own P V (`pingpong`, the default at d 128; `DEFAULT_SCHEDULES`). The backward comes in four
-(`BACKWARD_SCHEDULES`): a query-tile kernel for dQ and a key-tile kernel for dK and dV
+(`waited`, the default at d 64 below 8192 keys and at d 80 and 96), FlashAttention-3's overlap
+of one tile's softmax with the next tile's S and this tile's P V (`overlapped`),
+FlashAttention-3's warp specialization, a loader warp issuing every TMA load while the other
+warps compute (`specialized`), and the same with two or three consumer warpgroups taking turns
+at the tensor cores, each overlapping its softmax with its own P V (`pingpong`, the default at
+d 128, and with three consumers at d 64 from 8192 keys on; `DEFAULT_SCHEDULES`). The backward
+comes in four (`BACKWARD_SCHEDULES`): a query-tile kernel for dQ and a key-tile kernel for dK and dV
 (`split`, the default for shorter sequences), the key-tile kernel adding each tile's dQ with
 TMA bulk reductions (`atomic`, d 64: on an H200 as fast as `split` at 16384 and slower at
 4096), or FlashAttention-3's warp specialization of that kernel: a loader warp and two consumer
@@ -33,8 +34,9 @@ log, as the Triton kernel saves it.
 
 Program roles. Forward (Algorithm 1): program (bh, m) owns BLOCK_M query rows of one (batch,
 head) and walks its key tiles; in the specialized schedule one more warp, the loader, issues
-the program's TMA loads; in the ping-pong schedule program (bh, m) owns 2 * BLOCK_M queries,
-BLOCK_M to each of two consumer warpgroups, and a loader warp. Backward (Algorithm 2), two
+the program's TMA loads; in the ping-pong schedule program (bh, m) owns CONSUMERS * BLOCK_M
+queries (`Tiles.query_tiles`), BLOCK_M to each of two or three consumer warpgroups, and a
+loader warp. Backward (Algorithm 2), two
 launches: program (bh, m) of the query-tile kernel, launched first, owns BLOCK_M queries,
 computes their D = rowsum(dO * O) and walks their key tiles for dQ; program (bh, n) of the
 key-tile kernel owns BLOCK_N keys and walks the query tiles that see them for dK and dV
@@ -611,30 +613,43 @@ def attention_fwd_specialized_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq
         mbarrier.invalidate(kv_empty.index(i))
 
 
-# --- forward, ping-pong (FlashAttention-3's two consumer warpgroups, Section 3.1) -----------
-# A program owns two query tiles of BLOCK_M rows, one a consumer warpgroup; the loader warp
-# loads both and the K/V tiles they share. The two consumers take turns at the tensor cores:
-# a consumer issues its products (P_{j-1} V_{j-1}, then S_j) only on its turn and hands the
-# turn over at once, so that each one's softmax runs while the other's products do. `turns`
-# holds a barrier a consumer; the first consumer's starts passed.
+# --- forward, ping-pong (FlashAttention-3's consumer warpgroups, Section 3.1) ---------------
+# A program owns CONSUMERS (two or three) query tiles of BLOCK_M rows, one a consumer
+# warpgroup; the loader warp loads them and the K/V tiles they share. The consumers take turns
+# at the tensor cores, round robin: a consumer issues its products (P_{j-1} V_{j-1}, then S_j)
+# only on its turn and hands the turn to the next at once, so that each one's softmax runs
+# while the others' products do. `turns` holds a barrier a consumer; the first consumer's
+# starts passed. Three consumers (FlashAttention-3's 192-query tiles at d 64) give each softmax
+# two consumers' products to hide behind, where at d 64 one consumer's products are short.
+
+
+@triton.constexpr_function
+def _consumer_registers(consumers: int) -> int:
+    """Registers a thread for each of `consumers` warpgroups beside the loader's (which keeps
+    LOADER_REGISTERS), of the SM's 64K: 240 for two, 160 for three (setmaxnreg takes
+    multiples of 8, at most 240)."""
+    share = (65536 // 128 - LOADER_REGISTERS) // consumers
+    return min(PINGPONG_REGISTERS, share // 8 * 8)
 
 
 @gluon.jit
-def _pingpong_partition(q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns, o_ptr,
-                        lse_ptr, head_row, start_m, seq, qk_scale, CONSUMER: gl.constexpr,
+def _pingpong_partition(shared, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr,
                         HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    """Consumer CONSUMER (0 or 1) of a program: its query tile's key tiles, each of its turns
-    issuing S_j and P_{j-1} V_{j-1} and handing the turn over, the softmax of S_j between
-    turns; then as many idle turns (each releasing a K/V slot it does not read) as the other
-    consumer has tiles more, so that both take the same turns; then O and the logsumexp."""
+    """Consumer CONSUMER (0 .. CONSUMERS - 1) of a program: its query tile's key tiles, each
+    of its turns issuing S_j and P_{j-1} V_{j-1} and handing the turn to the next consumer,
+    the softmax of S_j between turns; then as many idle turns (each releasing a K/V slot it
+    does not read) as the last consumer has tiles more, so that all take the same turns; then
+    O and the logsumexp."""
+    (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns, o_ptr, lse_ptr, head_row,
+     start_m, seq, qk_scale) = shared     # what every consumer takes (the kernel's `shared`)
     my_turn = turns.index(CONSUMER)
-    other_turn = turns.index(1 - CONSUMER)
+    other_turn = turns.index((CONSUMER + 1) % CONSUMERS)     # the next consumer's
     my_start = start_m + CONSUMER * BLOCK_M
     n_tiles, n_full = _key_tiles(my_start, seq, BLOCK_M, BLOCK_N, CAUSAL)
-    # the program's key tiles: the second (later) query tile's
-    n_walked, _ = _key_tiles(start_m + BLOCK_M, seq, BLOCK_M, BLOCK_N, CAUSAL)
+    # the program's key tiles: the last (latest) query tile's
+    n_walked, _ = _key_tiles(start_m + (CONSUMERS - 1) * BLOCK_M, seq, BLOCK_M, BLOCK_N, CAUSAL)
     dtype: gl.constexpr = q_smem.dtype
     m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
@@ -677,7 +692,7 @@ def _pingpong_partition(q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, tur
     mbarrier.arrive(other_turn, count=1)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(kv_empty.index(last), count=1)
-    # the idle turns: the tiles only the other consumer reads (causal: the first has fewer)
+    # the idle turns: the tiles only later consumers read (causal: the earlier have fewer)
     for j in range(n_tiles, n_walked):
         mbarrier.wait(kv_ready.index(j % STAGES), (j // STAGES) & 1)
         mbarrier.arrive(kv_empty.index(j % STAGES), count=1)
@@ -688,16 +703,17 @@ def _pingpong_partition(q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, tur
 
 
 @gluon.jit
-def _pingpong_load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, kv_ready,
-                             kv_empty, head_row, start_m, seq, BLOCK_M: gl.constexpr,
+def _pingpong_load_partition(loads, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr,
                              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    """The producer: both query tiles, then the K/V tiles the second (later) one reads, each
-    into its slot once both consumers have released the slot's previous tile."""
-    for i in gl.static_range(2):
+    """The producer: the consumers' query tiles, then the K/V tiles the last (latest) one
+    reads, each into its slot once every consumer has released the slot's previous tile."""
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, head_row,
+     start_m, seq) = loads
+    for i in gl.static_range(CONSUMERS):
         mbarrier.expect(q_ready.index(i), q_desc.block_type.nbytes)
         _tma_load(q_desc, [head_row + start_m + i * BLOCK_M, 0], q_ready.index(i),
                   q_smem.index(i))
-    n_walked, _ = _key_tiles(start_m + BLOCK_M, seq, BLOCK_M, BLOCK_N, CAUSAL)
+    n_walked, _ = _key_tiles(start_m + (CONSUMERS - 1) * BLOCK_M, seq, BLOCK_M, BLOCK_N, CAUSAL)
     for j in range(n_walked):
         mbarrier.wait(kv_empty.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
         _issue_pair(k_desc, v_desc, k_smem, v_smem, kv_ready, head_row + j * BLOCK_N, j, STAGES)
@@ -707,43 +723,57 @@ def _pingpong_load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_r
 def attention_fwd_pingpong_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, qk_scale,
                                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                                  CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                                  CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr,
+                                  num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "each ping-pong consumer is one warpgroup")
-    bh, pid_m = _query_tile(CAUSAL)     # which (batch, head), which 2 * BLOCK_M queries
+    gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "the ping-pong forward has 2 or 3 consumers")
+    bh, pid_m = _query_tile(CAUSAL)     # which (batch, head), which CONSUMERS * BLOCK_M queries
     head_row = bh * seq
-    start_m = pid_m * 2 * BLOCK_M
+    start_m = pid_m * CONSUMERS * BLOCK_M
 
     layouts: gl.constexpr = _wgmma_layouts(BLOCK_N, HEAD_D, num_warps)
     s_layout: gl.constexpr = layouts[0]
     o_layout: gl.constexpr = layouts[1]
     p_layout: gl.constexpr = layouts[2]
+    REGISTERS: gl.constexpr = _consumer_registers(CONSUMERS)
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape,
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape,
                                        q_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(turns.index(i), count=1)
     mbarrier.arrive(turns.index(0), count=1)      # the first consumer's first turn
     k_smem, v_smem, kv_ready = _ring_pair(k_desc, v_desc, STAGES)
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(kv_empty.index(i), count=2)   # both consumers release each tile
+        mbarrier.init(kv_empty.index(i), count=CONSUMERS)   # every consumer releases each tile
 
-    gl.warp_specialize([
-        (_pingpong_partition, (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns,
-                               o_ptr, lse_ptr, head_row, start_m, seq, qk_scale, 0, s_layout,
-                               p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
-        (_pingpong_partition, (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns,
-                               o_ptr, lse_ptr, head_row, start_m, seq, qk_scale, 1, s_layout,
-                               p_layout, o_layout, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
-        (_pingpong_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready,
-                                    kv_ready, kv_empty, head_row, start_m, seq, BLOCK_M,
-                                    BLOCK_N, STAGES, CAUSAL)),
-    ], [num_warps, LOADER_WARPS], [PINGPONG_REGISTERS, LOADER_REGISTERS])
+    shared = (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns, o_ptr, lse_ptr,
+              head_row, start_m, seq, qk_scale)
+    loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty,
+             head_row, start_m, seq)
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_pingpong_partition, (shared, 0, CONSUMERS, s_layout, p_layout, o_layout, HEAD_D,
+                                   BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+            (_pingpong_partition, (shared, 1, CONSUMERS, s_layout, p_layout, o_layout, HEAD_D,
+                                   BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+            (_pingpong_load_partition, (loads, CONSUMERS, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        ], [num_warps, LOADER_WARPS], [REGISTERS, LOADER_REGISTERS])
+    else:
+        gl.warp_specialize([
+            (_pingpong_partition, (shared, 0, CONSUMERS, s_layout, p_layout, o_layout, HEAD_D,
+                                   BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+            (_pingpong_partition, (shared, 1, CONSUMERS, s_layout, p_layout, o_layout, HEAD_D,
+                                   BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+            (_pingpong_partition, (shared, 2, CONSUMERS, s_layout, p_layout, o_layout, HEAD_D,
+                                   BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+            (_pingpong_load_partition, (loads, CONSUMERS, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        ], [num_warps, num_warps, LOADER_WARPS], [REGISTERS, REGISTERS, LOADER_REGISTERS])
 
-    for i in gl.static_range(2):
+    for i in gl.static_range(CONSUMERS):
         mbarrier.invalidate(q_ready.index(i))
         mbarrier.invalidate(turns.index(i))
     for i in gl.static_range(STAGES):
@@ -1340,7 +1370,8 @@ def _store_rows(ptr, values, head_row, start, seq, layout: gl.constexpr, HEAD_D:
 class Tiles:
     """One launch configuration: rows of the program's own tile (block_m: queries of the
     forward and of dQ; block_n: keys of dK and dV), rows of the tiles it walks, ring slots,
-    warps."""
+    warps; and, for the ping-pong forward, its query tiles a program (one a consumer
+    warpgroup)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -1349,6 +1380,7 @@ class Tiles:
     # registers a thread the kernel is compiled for (Triton's maxnreg); the warp-specialized
     # kernels hand their loader LOADER_REGISTERS of them and their other warpgroups the rest
     max_registers: int | None = None
+    query_tiles: int = 1
 
     def launch_options(self) -> dict:
         options = {"num_warps": self.num_warps}
@@ -1365,15 +1397,18 @@ KERNELS = ("forward", "forward-overlap", "forward-specialized", "forward-pingpon
 # warp and two consumer warpgroups taking turns)
 SCHEDULES = {"waited": "forward", "overlapped": "forward-overlap",
              "specialized": "forward-specialized", "pingpong": "forward-pingpong"}
-# the schedule a forward runs unless told, per head dim: the fastest on an H200 (docs/
-# measurements.md, "The Gluon forward's ping-pong schedule"): at d 128 the ping-pong forward
-# took 0.92x to 0.95x the waited one's time at 4096 and tied it at 16384; at d 64 it was slower
-DEFAULT_SCHEDULES = {64: "waited", 80: "waited", 96: "waited", 128: "pingpong"}
+# the schedule a forward runs unless told, per head dim and from which sequence length on:
+# the fastest on an H200 (docs/measurements.md, "The Gluon forward's ping-pong schedule" and
+# "Three ping-pong consumers at d 64"). At d 128 the ping-pong forward took 0.92x to 0.95x the
+# waited one's time at 4096 and tied it at 16384. At d 64 its three consumers (192-query
+# programs) took 0.93x and 0.88x the waited one's time at 16 x 16384 in two processes, 0.94x
+# at 16 x 8192 and 0.91x at 32 x 8192 (replayed from CUDA graphs), but 1.03x at 8 x 8192 and
+# 1.15x to 1.54x at 4096 and shorter, where its programs are too few to fill the GPU
+DEFAULT_SCHEDULES = {64: {0: "waited", 8192: "pingpong"}, 80: {0: "waited"}, 96: {0: "waited"},
+                     128: {0: "pingpong"}}
 # the kernels that take d 80 and 96 (`head_split`), each with TMA descriptors of the rest
 # columns after its main ones (None at d 64 and 128): the waited forward and the split backward
 _SPLIT_D_KERNELS = ("forward", "forward-overlap", "dq", "dkdv", "dkdv-atomic")
-# query tiles a program of a forward kernel owns (one, but for the ping-pong forward's two)
-PROGRAM_QUERY_TILES = {"forward-pingpong": 2}
 # the kernels whose programs own query tiles, heads fastest over their grid (`_query_tile`); the
 # others' own key tiles (dK, dV) or rows of D, tiles fastest
 _QUERY_TILE_KERNELS = ("forward", "forward-overlap", "forward-specialized", "forward-pingpong",
@@ -1399,10 +1434,19 @@ DEFAULT_BACKWARD_SCHEDULES = {64: {0: "split", 8192: "specialized"}, 80: {0: "sp
                               96: {0: "split"}, 128: {0: "split", 4096: "paired"}}
 
 
+def _by_length(by_length: dict, seq: int) -> str:
+    return by_length[max(length for length in by_length if length <= seq)]
+
+
+def default_schedule(d: int, seq: int) -> str:
+    """The forward's schedule of DEFAULT_SCHEDULES for head dim d at length seq."""
+    return _by_length(DEFAULT_SCHEDULES.get(d, {0: "waited"}), seq)
+
+
 def default_backward_schedule(d: int, seq: int) -> str:
     """The schedule of DEFAULT_BACKWARD_SCHEDULES for head dim d at length seq."""
-    by_length = DEFAULT_BACKWARD_SCHEDULES.get(d, {0: "split"})
-    return by_length[max(length for length in by_length if length <= seq)]
+    return _by_length(DEFAULT_BACKWARD_SCHEDULES.get(d, {0: "split"}), seq)
+
 # Per kernel and head dim: the fastest tiles of scripts/sweep_gluon.py on an H200 at 16 heads
 # of 16384 causal bf16 (Triton 3.6), each compiling for sm90a within shared memory
 # (compile_for_sm90): at d 64 four warps with two or three programs an SM beat eight warps with
@@ -1422,10 +1466,16 @@ TILES = {
     # 16 x 4096 and 0.084 against 0.089 at 32 x 2048; in two slots they were the slowest (2.273
     # ms at 16 x 16384). A 128-key tile's softmax takes fewer instructions a score: O is
     # rescaled once per 128 keys (docs/measurements.md)
+    # At d 64 three consumers, 192 queries a program (FlashAttention-3's tiles there): a
+    # consumer's products are half as long as at d 128, and its softmax hides behind two
+    # others' (the launch's 128 registers a thread over four warpgroups, the consumers then
+    # taking 160). Forward alone at 16 x 16384, replayed from CUDA graphs: 1.193 ms against two
+    # consumers' 1.257 and the waited forward's 1.277 (four slots: 1.177, a tie; 64-key tiles:
+    # 1.251 to 1.269). Its consumers spill a few registers (SPILLED_BYTES)
     "forward-pingpong": {64: Tiles(block_m=64, block_n=128, stages=3, num_warps=4,
-                                   max_registers=168),
+                                   max_registers=128, query_tiles=3),
                          128: Tiles(block_m=64, block_n=128, stages=3, num_warps=4,
-                                    max_registers=168)},
+                                    max_registers=168, query_tiles=2)},
     # at d 64, 64-query tiles: a tie with 128 (4.125 against 4.112 ms of backward) without the
     # 128's 56 bytes of spilled registers a thread
     "dkdv": {64: Tiles(block_m=64, block_n=64, num_warps=4),
@@ -1452,6 +1502,11 @@ TILES = {
     # block_m rows a program
     "delta": {64: Tiles(block_m=64, num_warps=4), 128: Tiles(block_m=64, num_warps=4)},
 }
+# bytes a thread spills (`compile_for_sm90`) where the fastest tiles spill at all: the
+# three-consumer forward at d 64, whose consumers keep 160 registers a thread. ptxas keeps the
+# mask's key columns out of registers, stored once a program and reloaded only in the tiles that
+# take the mask (48 bytes under Triton 3.6, 72 under 3.9); the times above include them
+SPILLED_BYTES = {("forward-pingpong", 64): 72}
 # d 80 and 96 (`head_split`: 64 columns and a rest) take d 128's tiles, in the kernels that take
 # them (`_SPLIT_D_KERNELS`, the waited forward and the split backward). Replayed from CUDA graphs
 # on an H200, the step (forward and backward) at d 128's forward and dQ tiles took 0.852x and
@@ -1536,8 +1591,10 @@ def _constants(kernel: str, d: int, is_causal: bool, tiles: Tiles) -> dict:
     """The kernel's constexprs, in its arguments' order."""
     if kernel == "delta":
         return {"HEAD_D": d, "BLOCK": tiles.block_m}
+    consumers = {"CONSUMERS": tiles.query_tiles} if kernel == "forward-pingpong" else {}
     return {"HEAD_D": d, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n,
-            "STAGES": tiles.stages, "CAUSAL": is_causal, **_schedule_constants(kernel)}
+            "STAGES": tiles.stages, "CAUSAL": is_causal, **_schedule_constants(kernel),
+            **consumers}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -1549,8 +1606,7 @@ def _launch_plan(kernel: str, heads: int, seq: int, d: int, is_causal: bool,
     heads) for the others; its constexprs and launch options. Made once a shape and tile set (as
     the Triton FA2's plans): the eager host time of a step is what bounds the shorter
     sequences."""
-    own_rows = (tiles.block_n if kernel.startswith("dkdv")
-                else tiles.block_m * PROGRAM_QUERY_TILES.get(kernel, 1))
+    own_rows = tiles.block_n if kernel.startswith("dkdv") else tiles.block_m * tiles.query_tiles
     grid = (heads, triton.cdiv(seq, own_rows))
     return Launch(grid if kernel in _QUERY_TILE_KERNELS else grid[::-1],
                   {**_constants(kernel, d, is_causal, tiles), **tiles.launch_options()})
@@ -1592,7 +1648,7 @@ def _rows_shape(q: Tensor) -> tuple[int, int, int]:
 def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                         schedule: str | None = None) -> tuple[Tensor, Tensor]:
     """o and the logsumexp of softmax(q k^T / sqrt(d)) v, one launch of the kernel that runs
-    `schedule` (one of SCHEDULES, by default the head dim's of DEFAULT_SCHEDULES; see the
+    `schedule` (one of SCHEDULES, by default `default_schedule`'s for the shape; see the
     module)."""
     if schedule is not None:
         _check_schedule(schedule)
@@ -1602,7 +1658,7 @@ def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False
     check_inputs(q, k, v)
     shape = _rows_shape(q)
     seq, d = shape[1:]
-    kernel = SCHEDULES[schedule or DEFAULT_SCHEDULES[d]]
+    kernel = SCHEDULES[schedule or default_schedule(d, seq)]
     q2, k2, v2 = _rows(q, k, v)
     o = torch.empty_like(q2)
     lse = q2.new_empty(q.shape[:-1], dtype=torch.float32)
