@@ -12,6 +12,7 @@ from cs336_systems.kernels.flash_gluon import (
     DEFAULT_BACKWARD_SCHEDULES,
     DEFAULT_SCHEDULES,
     KERNELS,
+    L2_KV_BYTES,
     LOADER_WARPS,
     SCHEDULES,
     SPILLED_BYTES,
@@ -161,6 +162,32 @@ def test_gradients_match_float64(schedule, d, seq, is_causal):
     for name, g, ref in zip("qkv", got, (q64.grad, k64.grad, v64.grad)):
         error = (g.double() - ref).norm() / ref.norm()
         assert error < 2e-2, f"d{name}: relative error {error:.3g}"
+
+
+@needs_hopper
+@pytest.mark.parametrize("heads, seq, d", [(3, 32768, 128), (5, 32768, 64), (41, 4096, 64)])
+def test_heads_in_l2_groups_compute_what_each_head_does_alone(heads, seq, d):
+    """Where the heads' K and V do not fit in L2_KV_BYTES, the query-tile kernels take the heads
+    in groups (`_query_tile`), the last group smaller at these shapes (2 + 1, 4 + 1, 32 + 9
+    heads): each head's o and logsumexp, and its gradients where the backward runs no
+    reductions (split), are those of the head run alone, bit for bit."""
+    assert seq * d * 4 * heads > L2_KV_BYTES
+    torch.manual_seed(heads)
+    q, k, v, grad_o = (torch.randn(1, heads, seq, d, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(4))
+    o, lse = flash_gluon_forward(q, k, v, True)
+    deterministic = default_backward_schedule(d, seq) == "split"
+    if deterministic:
+        grads = flash_gluon_backward(q, k, v, o, lse, grad_o, True)
+    for h in range(heads):
+        one = [t[:, h:h + 1].contiguous() for t in (q, k, v, grad_o)]
+        o_one, lse_one = flash_gluon_forward(*one[:3], True)
+        assert torch.equal(o[:, h:h + 1], o_one), h
+        assert torch.equal(lse[:, h:h + 1], lse_one), h
+        if deterministic:
+            alone = flash_gluon_backward(*one[:3], o_one, lse_one, one[3], True)
+            for name, g, g_one in zip("qkv", grads, alone):
+                assert torch.equal(g[:, h:h + 1], g_one), (h, name)
 
 
 def test_the_default_forward_pingpongs_three_consumers_for_long_sequences_at_d64():

@@ -130,6 +130,9 @@ PINGPONG_REGISTERS = gl.constexpr(240)
 # consumer and the dQ warpgroup take these, the loader 24, the first consumer the rest (208)
 CONSUMER_REGISTERS = gl.constexpr(200)
 DQ_REGISTERS = gl.constexpr(80)
+# bytes of K and V that the query-tile kernels' programs running at once should read (of the
+# 50 MiB L2 of an H100 or H200, FlashAttention-4's budget; `_query_tile`)
+L2_KV_BYTES = gl.constexpr(40 << 20)
 SUPPORTED_HEAD_DIMS = (64, 80, 96, 128)
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # the tensors a TMA descriptor sees: the inputs, and the atomic backward's fp32 dQ
@@ -291,17 +294,33 @@ def _rest_rings(a_rest, b_rest, a_smem, b_smem, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _query_tile(CAUSAL: gl.constexpr):
+def _query_tile(seq, HEAD_D: gl.constexpr, CAUSAL: gl.constexpr):
     """The (batch, head) and the query tile that a program of a query-tile kernel (the
     forward's, dQ's) owns. Heads vary fastest over the grid, and under the causal mask, where a
     tile's key tiles grow with its index, the tiles come last first: the programs with the most
     key tiles start first and the shortest fill the tail (longest-processing-time order, as
-    `kernels.flash_triton` launches its query tiles). The key-tile kernel's own order, tiles
-    fastest from the first, is already longest first."""
+    `kernels.flash_triton` launches its query tiles). Where all the heads' K and V do not fit
+    in L2_KV_BYTES, the heads go in groups, a power of two of them as fit, each group's tiles in
+    that order before the next group's (FlashAttention-4's order): the programs running at once
+    then read the K and V of a few heads, which stay in L2. The key-tile kernel's own order,
+    tiles fastest from the first, is already longest first and one head at a time."""
     bh = gl.program_id(0)
     tile = gl.program_id(1)
+    heads = gl.num_programs(0)
+    tiles = gl.num_programs(1)
+    fit = L2_KV_BYTES // (seq * HEAD_D * 4)     # heads whose K and V (2 bytes a value) fit
+    if fit < heads:
+        group = 1
+        while group * 2 <= fit:
+            group *= 2
+        pid = tile * heads + bh                 # the launch order: heads fastest
+        first = pid // (group * tiles) * group  # the group's first head
+        size = gl.minimum(heads - first, group)     # the last group may have fewer
+        within = pid - first * tiles
+        bh = first + within % size
+        tile = within // size
     if CAUSAL:
-        tile = gl.num_programs(1) - 1 - tile
+        tile = tiles - 1 - tile
     return bh, tile
 
 
@@ -397,7 +416,7 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, q_rest, k_rest, v_rest, o_ptr, 
                          OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     """q_rest, k_rest, v_rest: the TMA descriptors of the head dim's rest columns where it has
     them (`head_split`; the waited schedule only), else None."""
-    bh, pid_m = _query_tile(CAUSAL)     # which (batch, head), which BLOCK_M queries
+    bh, pid_m = _query_tile(seq, HEAD_D, CAUSAL)     # which (batch, head), which BLOCK_M queries
     head_row = bh * seq                 # the head's first row in the 2-D views
     start_m = pid_m * BLOCK_M
     split: gl.constexpr = head_split(HEAD_D)
@@ -580,7 +599,7 @@ def attention_fwd_specialized_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq
                                      HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                      CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-    bh, pid_m = _query_tile(CAUSAL)     # which (batch, head), which BLOCK_M queries
+    bh, pid_m = _query_tile(seq, HEAD_D, CAUSAL)     # which (batch, head), which BLOCK_M queries
     head_row = bh * seq
     start_m = pid_m * BLOCK_M
 
@@ -727,7 +746,7 @@ def attention_fwd_pingpong_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, q
                                   num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "each ping-pong consumer is one warpgroup")
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "the ping-pong forward has 2 or 3 consumers")
-    bh, pid_m = _query_tile(CAUSAL)     # which (batch, head), which CONSUMERS * BLOCK_M queries
+    bh, pid_m = _query_tile(seq, HEAD_D, CAUSAL)     # which (batch, head), which CONSUMERS * BLOCK_M queries
     head_row = bh * seq
     start_m = pid_m * CONSUMERS * BLOCK_M
 
@@ -1013,7 +1032,7 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, q_rest, k_rest, v_rest,
                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
     """*_rest: the TMA descriptors of the head dim's rest columns where it has them
     (`head_split`), else None."""
-    bh, pid_m = _query_tile(CAUSAL)     # which (batch, head), which BLOCK_M queries
+    bh, pid_m = _query_tile(seq, HEAD_D, CAUSAL)     # which (batch, head), which BLOCK_M queries
     head_row = bh * seq
     start_m = pid_m * BLOCK_M
     split: gl.constexpr = head_split(HEAD_D)
@@ -1505,8 +1524,8 @@ TILES = {
 # bytes a thread spills (`compile_for_sm90`) where the fastest tiles spill at all: the
 # three-consumer forward at d 64, whose consumers keep 160 registers a thread. ptxas keeps the
 # mask's key columns out of registers, stored once a program and reloaded only in the tiles that
-# take the mask (48 bytes under Triton 3.6, 72 under 3.9); the times above include them
-SPILLED_BYTES = {("forward-pingpong", 64): 72}
+# take the mask (40 bytes under Triton 3.6, 80 under 3.9); the times above include them
+SPILLED_BYTES = {("forward-pingpong", 64): 80}
 # d 80 and 96 (`head_split`: 64 columns and a rest) take d 128's tiles, in the kernels that take
 # them (`_SPLIT_D_KERNELS`, the waited forward and the split backward). Replayed from CUDA graphs
 # on an H200, the step (forward and backward) at d 128's forward and dQ tiles took 0.852x and
