@@ -8,9 +8,9 @@ FlashAttention-3's warp specialization, a loader warp issuing every TMA load whi
 warps compute (`specialized`), and the same with two or three consumer warpgroups taking turns
 at the tensor cores, each overlapping its softmax with its own P V (`pingpong`, the default at
 d 128, and with three consumers at d 64 from 8192 keys on; `DEFAULT_SCHEDULES`). The backward
-comes in four (`BACKWARD_SCHEDULES`): a query-tile kernel for dQ and a key-tile kernel for dK and dV
-(`split`, the default for shorter sequences), the key-tile kernel adding each tile's dQ with
-TMA bulk reductions (`atomic`, d 64: on an H200 as fast as `split` at 16384 and slower at
+comes in four (`BACKWARD_SCHEDULES`): a query-tile kernel for dQ and a key-tile kernel for dK
+and dV (`split`, the default for shorter sequences), the key-tile kernel adding each tile's dQ
+with TMA bulk reductions (`atomic`, d 64: on an H200 as fast as `split` at 16384 and slower at
 4096), or FlashAttention-3's warp specialization of that kernel: a loader warp and two consumer
 warpgroups each owning half the program's keys, with a warpgroup for dQ (`specialized`, d 64,
 the default there from 8192 keys on) or each consumer computing half of dQ's columns
@@ -416,7 +416,7 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, q_rest, k_rest, v_rest, o_ptr, 
                          OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     """q_rest, k_rest, v_rest: the TMA descriptors of the head dim's rest columns where it has
     them (`head_split`; the waited schedule only), else None."""
-    bh, pid_m = _query_tile(seq, HEAD_D, CAUSAL)     # which (batch, head), which BLOCK_M queries
+    bh, pid_m = _query_tile(seq, HEAD_D, CAUSAL)    # which (batch, head), which BLOCK_M queries
     head_row = bh * seq                 # the head's first row in the 2-D views
     start_m = pid_m * BLOCK_M
     split: gl.constexpr = head_split(HEAD_D)
@@ -599,7 +599,7 @@ def attention_fwd_specialized_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq
                                      HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                      CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-    bh, pid_m = _query_tile(seq, HEAD_D, CAUSAL)     # which (batch, head), which BLOCK_M queries
+    bh, pid_m = _query_tile(seq, HEAD_D, CAUSAL)    # which (batch, head), which BLOCK_M queries
     head_row = bh * seq
     start_m = pid_m * BLOCK_M
 
@@ -745,8 +745,9 @@ def attention_fwd_pingpong_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, q
                                   CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr,
                                   num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "each ping-pong consumer is one warpgroup")
-    gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "the ping-pong forward has 2 or 3 consumers")
-    bh, pid_m = _query_tile(seq, HEAD_D, CAUSAL)     # which (batch, head), which CONSUMERS * BLOCK_M queries
+    gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "a ping-pong program has 2 or 3 consumers")
+    bh, pid_m = _query_tile(seq, HEAD_D, CAUSAL)     # which (batch, head), which queries
+    # (CONSUMERS * BLOCK_M of them)
     head_row = bh * seq
     start_m = pid_m * CONSUMERS * BLOCK_M
 
@@ -1032,7 +1033,7 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, q_rest, k_rest, v_rest,
                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
     """*_rest: the TMA descriptors of the head dim's rest columns where it has them
     (`head_split`), else None."""
-    bh, pid_m = _query_tile(seq, HEAD_D, CAUSAL)     # which (batch, head), which BLOCK_M queries
+    bh, pid_m = _query_tile(seq, HEAD_D, CAUSAL)    # which (batch, head), which BLOCK_M queries
     head_row = bh * seq
     start_m = pid_m * BLOCK_M
     split: gl.constexpr = head_split(HEAD_D)
@@ -1413,7 +1414,7 @@ KERNELS = ("forward", "forward-overlap", "forward-specialized", "forward-pingpon
 # the forward's schedules, each the kernel of KERNELS that runs it: each wgmma waited for
 # (FlashAttention-2's), FlashAttention-3's overlap inside a warpgroup, FlashAttention-3's
 # producer and consumer warps (a loader warp and the compute warps), and its ping-pong (a loader
-# warp and two consumer warpgroups taking turns)
+# warp and two or three consumer warpgroups taking turns)
 SCHEDULES = {"waited": "forward", "overlapped": "forward-overlap",
              "specialized": "forward-specialized", "pingpong": "forward-pingpong"}
 # the schedule a forward runs unless told, per head dim and from which sequence length on:
@@ -1465,6 +1466,7 @@ def default_schedule(d: int, seq: int) -> str:
 def default_backward_schedule(d: int, seq: int) -> str:
     """The schedule of DEFAULT_BACKWARD_SCHEDULES for head dim d at length seq."""
     return _by_length(DEFAULT_BACKWARD_SCHEDULES.get(d, {0: "split"}), seq)
+
 
 # Per kernel and head dim: the fastest tiles of scripts/sweep_gluon.py on an H200 at 16 heads
 # of 16384 causal bf16 (Triton 3.6), each compiling for sm90a within shared memory
