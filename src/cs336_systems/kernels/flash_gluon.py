@@ -48,9 +48,9 @@ tile, as FlashAttention-3 does; in the specialized schedule, program (n, bh) own
 of them once both consumers have written their dS^T to shared memory; in the paired schedule
 each consumer then computes and adds half of the tile's dQ columns itself. A program's compute
 warps are num_warps // 4 warpgroups, which split the rows of each wgmma. Heads vary fastest
-over the grid, and under the causal mask the query-tile kernels take their tiles last first:
-the programs with the most key tiles start first and the shortest fill the tail
-(`_query_tile`).
+over the grid (in groups whose K and V fit in L2, where not all of them do), and under the
+causal mask the query-tile kernels take their tiles last first: the programs with the most key
+tiles start first and the shortest fill the tail (`_query_tile`).
 
 The TMA descriptors see q, k, v and dO as 2-D (batch * heads * seq, d) tensors: a tile that
 runs past its head's last row reads the next head's rows (zeros past the tensor's end); the
