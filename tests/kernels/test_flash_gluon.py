@@ -246,6 +246,45 @@ def test_each_kernels_grid_has_a_program_per_tile_it_owns():
     assert _launch_plan("dq", heads, seq, 64, True, Tiles(block_m=128)).grid == (heads, 8)
 
 
+@pytest.mark.parametrize("kernel, d", [(kernel, d) for kernel in KERNELS for d in TILES[kernel]
+                                      if kernel != "delta"])
+def test_each_kernels_descriptors_are_the_tiles_it_is_compiled_for(kernel, d):
+    """The descriptors a launch makes (`_operands`) are, in order, the TMA tiles of the
+    signature the kernel compiles for: each one's rows and columns and its dtype."""
+    import re
+
+    from cs336_systems.kernels.flash_gluon import _operands, _signature
+    rows = [torch.randn(2, 256, d, dtype=torch.bfloat16)
+            for _ in range(3 if kernel.startswith("forward") else 4)]
+    made = [(list(m.block_shape), m.shape, m.base.dtype) for m in _operands(kernel, d, *rows)
+            if m is not None]
+    compiled = [[int(n) for n in re.match(r"tensordesc<bf16\[(\d+), (\d+)\]", kind).groups()]
+                for name, kind in _signature(kernel, d, TILES[kernel][d], torch.bfloat16).items()
+                if kind.startswith("tensordesc<bf16")]
+    assert [block for block, *_ in made] == compiled
+    assert all(shape == [512, d] and dtype == torch.bfloat16 for _, shape, dtype in made)
+
+
+def test_a_descriptor_is_made_once_an_address_shape_and_tile_and_holds_no_tensor():
+    """Launches at the addresses of the step before take the descriptors made then; another
+    address, shape or tile is another descriptor; a cached one keeps no memory alive."""
+    import gc
+    import weakref
+
+    from cs336_systems.kernels.flash_gluon import _descriptor
+    x = torch.randn(4, 128, 64, dtype=torch.bfloat16)
+    first = _descriptor(x, 64)
+    assert _descriptor(x, 64) is first
+    assert first.base.data_ptr() == x.data_ptr() and first.shape == [512, 64]
+    others = [_descriptor(x.view(2, 256, 64)[:1], 64), _descriptor(x, 128), _descriptor(x, 64, 32),
+              _descriptor(x.clone(), 64), _descriptor(x.half(), 64)]
+    assert all(other is not first for other in others)
+    alive = weakref.ref(x)
+    del x
+    gc.collect()
+    assert alive() is None
+
+
 def test_unsupported_inputs_say_what_is_supported():
     q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"d in \(64, 80, 96, 128\); got 112"):

@@ -94,7 +94,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from cs336_systems.kernels.checks import triton_interpreting
-from cs336_systems.kernels.launch import Launch, direct, eager_on_plain_tensors
+from cs336_systems.kernels.launch import (DeviceAddress, Launch, direct,
+                                          eager_on_plain_tensors)
 
 # Triton 3.6 (torch 2.11's) names the TMA load async_copy_global_to_shared, later ones async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -1571,19 +1572,27 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
 
 
 def _rows(*tensors: Tensor) -> list[Tensor]:
-    """(batch, heads, seq, d) or (batch, seq, d) tensors as the kernels' 2-D (batch * heads *
-    seq, d) views."""
-    return [t.contiguous().view(-1, t.shape[-1]) for t in tensors]
+    """(batch, heads, seq, d) or (batch, seq, d) tensors, contiguous: the kernels read each as
+    (batch * heads * seq, d) rows."""
+    return [t.contiguous() for t in tensors]
 
 
 def _descriptor(t: Tensor, block_rows: int, block_cols: int | None = None):
-    """A TMA descriptor of 2-D rows `t` in tiles of block_rows by block_cols (by default all of
-    a row; a kernel says from which column it loads a tile)."""
+    """A TMA descriptor of contiguous `t` as rows of its last dim, in tiles of block_rows by
+    block_cols (by default all of a row; a kernel says from which column it loads a tile).
+    Cached by address, shape and tile (`_described`): a training step's tensors come back at
+    the addresses of the step before, and making a descriptor took about 5 us of host time."""
+    d = t.shape[-1]
+    return _described(t.data_ptr(), t.dtype, t.numel() // d, d, block_rows, block_cols or d)
+
+
+@functools.lru_cache(maxsize=4096)
+def _described(address: int, dtype: torch.dtype, rows: int, d: int, block_rows: int,
+               block_cols: int):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    rows, d = t.shape
-    block_cols = block_cols or d
-    return TensorDescriptor(t, [rows, d], [d, 1], [block_rows, block_cols],
-                            _shared_layout(block_rows, block_cols, _DESCRIBED[t.dtype]))
+    return TensorDescriptor(DeviceAddress(address, dtype), [rows, d], [d, 1],
+                            [block_rows, block_cols],
+                            _shared_layout(block_rows, block_cols, _DESCRIBED[dtype]))
 
 
 def _dq_columns(kernel: str, d: int) -> int:
@@ -1640,24 +1649,23 @@ def _launch(kernel: str, shape: tuple[int, int, int], is_causal: bool, *args) ->
     direct(_KERNEL_FUNCTIONS[kernel])[plan.grid](*args, **plan.kwargs)
 
 
-def _operands(kernel: str, d: int, made: dict, *rows: Tensor) -> list:
-    """TMA descriptors of q, k, v (and dO) rows for the kernel's tiles: queries and dO in tiles
-    of block_m rows, keys and values of block_n, each of the head dim's main columns
-    (`head_split`); then, for the kernels of _SPLIT_D_KERNELS, the same of its rest columns
-    (None where there are none). Each (tensor, rows, columns) is described once a call
-    (`made`), so that a backward's two kernels share them."""
-    tiles = TILES[kernel][d]
+def _operands(kernel: str, d: int, *rows: Tensor) -> list:
+    """TMA descriptors of q, k, v (and dO) rows for the kernel's tiles (`_operand_tiles`)."""
+    return [tile and _descriptor(rows[tile[0]], *tile[1:])
+            for tile in _operand_tiles(kernel, d, TILES[kernel][d], len(rows))]
+
+
+@functools.lru_cache(maxsize=256)
+def _operand_tiles(kernel: str, d: int, tiles: Tiles, n_rows: int) -> tuple:
+    """(which of q, k, v, dO, tile rows, tile columns) of each of a kernel's descriptor
+    arguments: queries and dO in tiles of block_m rows, keys and values of block_n, each of the
+    head dim's main columns (`head_split`); then, for the kernels of _SPLIT_D_KERNELS, the same
+    of its rest columns (None where there are none)."""
     main, rest = head_split(d)
     parts = [main] + ([rest] if kernel in _SPLIT_D_KERNELS else [])
-    described = []
-    for cols in parts:
-        for t, block_rows in zip(rows, (tiles.block_m, tiles.block_n, tiles.block_n,
-                                        tiles.block_m)):
-            key = (id(t), block_rows, cols)
-            if cols and key not in made:
-                made[key] = _descriptor(t, block_rows, cols)
-            described.append(made[key] if cols else None)
-    return described
+    blocks = (tiles.block_m, tiles.block_n, tiles.block_n, tiles.block_m)[:n_rows]
+    return tuple((i, block_rows, cols) if cols else None
+                 for cols in parts for i, block_rows in enumerate(blocks))
 
 
 def _rows_shape(q: Tensor) -> tuple[int, int, int]:
@@ -1680,12 +1688,12 @@ def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False
     shape = _rows_shape(q)
     seq, d = shape[1:]
     kernel = SCHEDULES[schedule or default_schedule(d, seq)]
-    q2, k2, v2 = _rows(q, k, v)
-    o = torch.empty_like(q2)
-    lse = q2.new_empty(q.shape[:-1], dtype=torch.float32)
-    _launch(kernel, shape, is_causal, *_operands(kernel, d, {}, q2, k2, v2), o, lse, seq,
+    q, k, v = _rows(q, k, v)
+    o = torch.empty_like(q)
+    lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+    _launch(kernel, shape, is_causal, *_operands(kernel, d, q, k, v), o, lse, seq,
             d ** -0.5 * LOG2_E)
-    return o.view(q.shape), lse
+    return o, lse
 
 
 def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
@@ -1715,25 +1723,23 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, grad_o: T
     shape = _rows_shape(q)
     seq, d = shape[1:]
     scales = (d ** -0.5 * LOG2_E, d ** -0.5)
-    q2, k2, v2, do2, o2 = _rows(q, k, v, grad_o, o)
-    dk, dv = torch.empty_like(k2), torch.empty_like(v2)
-    lse = lse.contiguous()
+    q, k, v, grad_o, o, lse = _rows(q, k, v, grad_o, o, lse)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty_like(lse)
-    made = {}   # descriptors, shared by the two kernels
     if schedule == "split":
-        dq = torch.empty_like(q2)
-        _launch("dq", shape, is_causal, *_operands("dq", d, made, q2, k2, v2, do2), dq, o2, do2,
+        dq = torch.empty_like(q)
+        _launch("dq", shape, is_causal, *_operands("dq", d, q, k, v, grad_o), dq, o, grad_o,
                 lse, delta, seq, *scales)
-        _launch("dkdv", shape, is_causal, *_operands("dkdv", d, made, q2, k2, v2, do2), dq, dk,
-                dv, lse, delta, seq, *scales)
-        return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
-    _launch("delta", shape, is_causal, o2, do2, delta, seq)
-    dq = torch.zeros(q2.shape, dtype=torch.float32, device=q.device)
+        _launch("dkdv", shape, is_causal, *_operands("dkdv", d, q, k, v, grad_o), dq, dk, dv,
+                lse, delta, seq, *scales)
+        return dq, dk, dv
+    _launch("delta", shape, is_causal, o, grad_o, delta, seq)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     kernel = BACKWARD_SCHEDULES[schedule][-1]
-    _launch(kernel, shape, is_causal, *_operands(kernel, d, made, q2, k2, v2, do2),
+    _launch(kernel, shape, is_causal, *_operands(kernel, d, q, k, v, grad_o),
             _descriptor(dq, TILES[kernel][d].block_m, _dq_columns(kernel, d)), dk, dv, lse,
             delta, seq, *scales)
-    return dq.to(q.dtype).view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    return dq.to(q.dtype), dk, dv
 
 
 # --- custom operators (what torch.compile sees: one opaque call each way) and autograd -------

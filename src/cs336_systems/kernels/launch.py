@@ -36,6 +36,21 @@ class Launch(NamedTuple):
     kwargs: dict
 
 
+class DeviceAddress:
+    """What a Gluon TMA descriptor's `base` is read for, by the JIT and by the launcher: an
+    address and a dtype, with no tensor behind them. A descriptor cached by address, shape and
+    tile then keeps no memory alive; it describes the same bytes as any tensor at that address
+    of that shape, and is only launched with one."""
+
+    __slots__ = ("address", "dtype")
+
+    def __init__(self, address: int, dtype: torch.dtype):
+        self.address, self.dtype = address, dtype
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
 def _hooked() -> bool:
     """Whether a launch hook is set (None or an empty HookChain, by Triton's version, is not)."""
     hook = knobs.runtime.launch_enter_hook
