@@ -343,6 +343,22 @@ def test_registry_choice_matches_float64_eager_and_compiled(compiled):
 
 
 @needs_hopper
+def test_a_models_head_views_are_copied_once_for_forward_and_backward():
+    """q, k, v as a model passes them, (batch, heads, seq, d) views of a token-major projection:
+    the forward copies them to the rows the kernels read and saves the copies, so that the
+    backward copies nothing of them again."""
+    from cs336_systems.lm.attention import get_attention
+    torch.manual_seed(5)
+    qkv = torch.randn(2, 300, 3, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+    o = get_attention("flash-gluon")(q, k, v, True)
+    saved = o.grad_fn.saved_tensors[:3]
+    assert all(t.is_contiguous() for t in saved) and not q.is_contiguous()
+    assert [t.shape for t in saved] == [q.shape] * 3
+    assert all(torch.equal(a, b) for a, b in zip(saved, (q, k, v)))
+
+
+@needs_hopper
 @pytest.mark.parametrize("d", SUPPORTED_HEAD_DIMS)
 def test_one_head_inputs_match_float64_with_no_copy_in_backward(d):
     """(batch, seq, d) inputs, as the flash benchmarks pass them: one head, run as they come, so

@@ -1808,6 +1808,11 @@ class FlashAttentionGluon(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                 schedule: str | None = None) -> Tensor:
+        # The kernels read contiguous rows. A model's heads are views of token-major q, k, v:
+        # copied here, before the operator, they are copied once a step rather than again in
+        # the backward (which reads the saved copies), and under torch.compile Inductor can
+        # write them so in the kernel that makes them (the rotary embedding's).
+        q, k, v = _rows(q, k, v)
         if eager_on_plain_tensors(q):
             output = flash_gluon_forward(q, k, v, is_causal, schedule)
         else:
