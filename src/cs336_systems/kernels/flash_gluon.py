@@ -1582,6 +1582,7 @@ def _descriptor(t: Tensor, block_rows: int, block_cols: int | None = None):
     block_cols (by default all of a row; a kernel says from which column it loads a tile).
     Cached by address, shape and tile (`_described`): a training step's tensors come back at
     the addresses of the step before, and making a descriptor took about 5 us of host time."""
+    assert t.is_contiguous(), "a descriptor describes contiguous rows"
     d = t.shape[-1]
     return _described(t.data_ptr(), t.dtype, t.numel() // d, d, block_rows, block_cols or d)
 
