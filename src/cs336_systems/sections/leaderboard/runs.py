@@ -129,6 +129,8 @@ VARIANTS: dict[str, LeaderboardVariant] = {
     "ours-but-fa4-offloaded": replace(OURS, attention="fa4", optimizer="adamw-offloaded"),
     # our Gluon kernels for Hopper (kernels/flash_gluon.py) in place of the Triton FA2
     "ours-but-flash-gluon": replace(OURS, attention="flash-gluon"),
+    "ours-but-flash-gluon-offloaded": replace(OURS, attention="flash-gluon",
+                                              optimizer="adamw-offloaded"),
     # the one-GPU proxy's room (ours-but-fa4 peaks about 26 GiB under the stock step): the first
     # layers keep every activation, elementwise ones too, so that their backward recomputes
     # nothing (about 3 GiB a layer more at 32768 tokens)
