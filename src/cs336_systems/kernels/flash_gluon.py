@@ -272,13 +272,15 @@ def _ring(desc, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _ring_pair(a_desc, b_desc, STAGES: gl.constexpr):
-    """A ring of STAGES slots for the tiles a program walks of two tensors, a barrier a slot."""
+def _ring_pair(a_desc, b_desc, STAGES: gl.constexpr, ARRIVALS: gl.constexpr = 1):
+    """A ring of STAGES slots for the tiles a program walks of two tensors, a barrier a slot
+    (complete once its TMA loads have landed and ARRIVALS arrivals made, the loads' one
+    among them)."""
     a = _ring(a_desc, STAGES)
     b = _ring(b_desc, STAGES)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(ready.index(i), count=ARRIVALS)
     return a, b, ready
 
 
@@ -1119,12 +1121,13 @@ def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M
     schedule at d 128, where a dQ warpgroup leaves the consumers too few registers). Without
     the dQ warpgroup a buffer needs no release: a consumer writes it again two tiles on, past
     the other's arrival at the tile between, which that one makes once its products of this
-    tile, dQ's among them, are done. Without it, too, the logsumexp and D are loaded once the
-    products that need them are done (`_query_values`), so that they hold no registers while
-    S^T and dP^T are in flight: at d 128 the consumers have none to spare."""
+    tile, dQ's among them, are done. Without it, too, the loader puts each tile's logsumexp and
+    D in shared memory beside its Q and dO (`lse_smem`, `delta_smem`), and a consumer reads them
+    in its scores' columns once the products that need them are done, so that they hold no
+    registers while S^T and dP^T are in flight: at d 128 the consumers have none to spare."""
     (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready, q_empty, ds_ready,
-     ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, head_row, start_n, first, n_tiles, seq,
-     qk_scale, sm_scale) = shared       # what both consumers take (the kernel's `shared`)
+     ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, lse_smem, delta_smem, head_row,
+     start_n, first, n_tiles, seq, qk_scale, sm_scale) = shared   # the kernel's `shared`
     KEYS: gl.constexpr = BLOCK_N // 2
     layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, HEAD_D, 4)     # the consumer's keys by...
     st_layout: gl.constexpr = layouts[0]                            # ...the walked queries
@@ -1155,7 +1158,7 @@ def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
         else:
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
-            lse2 = _query_values(lse_ptr + head_row, start_m, seq, st_layout, BLOCK_M) * LOG2_E_GL
+            lse2 = lse_smem.index(slot).load(gl.SliceLayout(0, st_layout)) * LOG2_E_GL
         pt = _probabilities_t(st, lse2, my_start, start_m, seq, qk_scale, needs_mask, st_layout,
                               KEYS, BLOCK_M, CAUSAL, True)
         if DQ_WARPGROUP:
@@ -1163,7 +1166,7 @@ def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M
             dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
         else:
             dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
-            delta = _query_values(delta_ptr + head_row, start_m, seq, st_layout, BLOCK_M)
+            delta = delta_smem.index(slot).load(gl.SliceLayout(0, st_layout))
         dst = (pt * (dpt - delta[None, :])).to(dtype)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_tile, dv,
                            is_async=True)
@@ -1186,18 +1189,6 @@ def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M
         tma.store_wait(0)               # the last reduction has read this consumer's buffer
     _store_rows(dk_ptr, dk * sm_scale, head_row, my_start, seq, acc_layout, HEAD_D, KEYS)
     _store_rows(dv_ptr, dv, head_row, my_start, seq, acc_layout, HEAD_D, KEYS)
-
-
-@gluon.jit
-def _query_values(ptr, start_m, seq, st_layout: gl.constexpr, BLOCK_M: gl.constexpr):
-    """The walked query tile's values of a row vector (the logsumexp, D) in the columns of the
-    transposed scores (`st_layout`), where a thread holds 16 of 64 queries: loaded one a thread
-    (a pointer each where the columns' layout would take 16) and spread through shared memory,
-    so that their addresses take no registers beside the products in flight."""
-    one_a_thread: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    rows = start_m + gl.arange(0, BLOCK_M, one_a_thread)
-    values = gl.load(ptr + rows, mask=rows < seq, other=0.0)
-    return gl.convert_layout(values, gl.SliceLayout(0, st_layout))
 
 
 @gluon.jit
@@ -1248,16 +1239,33 @@ def _dq_partition(k_smem, ds_smem, dq_smem, kv_ready, ds_ready, ds_free, dq_desc
 @gluon.jit
 def _dkdv_load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
                          kv_ready, q_ready, q_empty, head_row, start_n, first, n_tiles,
-                         BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+                         BLOCK_M: gl.constexpr, STAGES: gl.constexpr, lse_ptr=None,
+                         delta_ptr=None, lse_smem=None, delta_smem=None, seq=None):
     """The producer: the program's K and V, then each walked query tile's Q and dO into its
-    ring slot once both consumers have released the slot's previous tile."""
+    ring slot once both consumers have released the slot's previous tile; where it is given
+    `lse_smem` (the paired consumers), also the tile's logsumexp and D into theirs, loaded
+    here and stored, the slot's second arrival. The consumers then read them in the layout
+    they need from shared memory, without a load's latency or a conversion of their own."""
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     _tma_load(k_desc, [head_row + start_n, 0], kv_ready, k_smem)
     _tma_load(v_desc, [head_row + start_n, 0], kv_ready, v_smem)
     for j in range(n_tiles):
-        mbarrier.wait(q_empty.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
-        _issue_pair(q_desc, do_desc, q_smem, do_smem, q_ready, head_row + (first + j) * BLOCK_M,
-                    j, STAGES)
+        slot = j % STAGES
+        row = head_row + (first + j) * BLOCK_M
+        mbarrier.wait(q_empty.index(slot), ((j // STAGES) & 1) ^ 1)
+        _issue_pair(q_desc, do_desc, q_smem, do_smem, q_ready, row, j, STAGES)
+        if lse_smem is not None:
+            # (a constexpr passed through warp_specialize arrives as a value: the tile's rows
+            # from the descriptor's block)
+            TILE: gl.constexpr = q_desc.block_type.shape[0]
+            one_warp: gl.constexpr = gl.BlockedLayout([TILE // 32], [32], [1], [0])
+            rows = (first + j) * TILE + gl.arange(0, TILE, one_warp)
+            lse_smem.index(slot).store(gl.load(lse_ptr + head_row + rows, mask=rows < seq,
+                                               other=0.0))
+            delta_smem.index(slot).store(gl.load(delta_ptr + head_row + rows, mask=rows < seq,
+                                                 other=0.0))
+            _barrier()                  # the warp's stores made before its one arrival
+            mbarrier.arrive(q_ready.index(slot), count=1)
 
 
 @gluon.jit
@@ -1282,7 +1290,10 @@ def attention_dkdv_specialized_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, 
     v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
-    q_smem, do_smem, q_ready = _ring_pair(q_desc, do_desc, STAGES)
+    if DQ_WARPGROUP:
+        q_smem, do_smem, q_ready = _ring_pair(q_desc, do_desc, STAGES)
+    else:       # the paired consumers' logsumexp and D arrive beside Q and dO
+        q_smem, do_smem, q_ready = _ring_pair(q_desc, do_desc, STAGES, 2)
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(q_empty.index(i), count=2)    # both consumers release each tile
@@ -1297,12 +1308,20 @@ def attention_dkdv_specialized_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, 
     # the TMA reductions read
     dq_smem = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape,
                                         dq_desc.layout)
+    # the paired consumers' logsumexp and D, a walked tile's in the ring slot of its Q and dO
+    # (the loader's; with the dQ warpgroup the consumers load them, and these are not read)
+    lse_smem = dq_smem
+    delta_smem = dq_smem
+    if not DQ_WARPGROUP:
+        vectors: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vectors)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vectors)
 
     # what both consumers take (a partition is written out in each call: a kernel's variables
     # hold values and tuples of them, not functions)
     shared = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready, q_empty,
-              ds_ready, ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, head_row, start_n,
-              first, n_tiles, seq, qk_scale, sm_scale)
+              ds_ready, ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, lse_smem, delta_smem,
+              head_row, start_n, first, n_tiles, seq, qk_scale, sm_scale)
     loads = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_ready, q_ready,
              q_empty, head_row, start_n, first, n_tiles, BLOCK_M, STAGES)
     if DQ_WARPGROUP:
@@ -1317,7 +1336,7 @@ def attention_dkdv_specialized_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, 
         gl.warp_specialize([
             (_dkdv_consumer, (shared, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, False)),
             (_dkdv_consumer, (shared, 1, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, False)),
-            (_dkdv_load_partition, loads),
+            (_dkdv_load_partition, loads + (lse_ptr, delta_ptr, lse_smem, delta_smem, seq)),
         ], [num_warps, LOADER_WARPS], [PINGPONG_REGISTERS, LOADER_REGISTERS])
 
     mbarrier.invalidate(kv_ready)
