@@ -242,6 +242,9 @@ def test_a_variant_of_two_changes_is_no_lever():
     assert "the last 50% of the layers" in variant_label("ours-but-sdpa-cudnn-half-selective")
     assert lever_of("ours-but-flash-gluon").name == "attention"
     assert variant_label("ours-but-flash-gluon") == "ours, but Gluon FA2 (sm90)"
+    assert lever_of("ours-but-flash-gluon-offloaded") is None
+    assert variant_label("ours-but-flash-gluon-offloaded") == (
+        "ours, but Gluon FA2 (sm90), AdamW (fused Triton, in backward, moments on the host)")
     assert lever_of("ours-but-fa4-60-selective-others-kept") is None
     assert variant_label("ours-but-fa4-60-selective-others-kept") == (
         "ours, but FlashAttention-4, matmuls kept in the last 60% of the layers, the others "
