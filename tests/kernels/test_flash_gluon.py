@@ -265,6 +265,43 @@ def test_each_kernels_descriptors_are_the_tiles_it_is_compiled_for(kernel, d):
     assert all(shape == [512, d] and dtype == torch.bfloat16 for _, shape, dtype in made)
 
 
+def _in_thread_order(block: torch.Tensor) -> torch.Tensor:
+    """A (64, cols) block in a warpgroup's thread order, as `_thread_order` documents it: warp,
+    column group of 8, lane // 4, lane % 4, then the lane's two rows and two columns."""
+    cols = block.shape[1]
+    return block.reshape(4, 2, 8, cols // 8, 4, 2).permute(0, 3, 2, 4, 1, 5).reshape(-1)
+
+
+@pytest.mark.parametrize("kernel, d", [("dkdv-specialized", 64), ("dkdv-paired", 128)])
+def test_the_dq_accumulator_in_thread_order_comes_back_in_rows(kernel, d):
+    """`unpermute_dq` inverts the order the specialized and paired backwards add dQ in, each
+    warpgroup's columns a part of a tile's block, tails included; the accumulator's descriptor
+    is a warpgroup's part, the tile the kernel compiles for."""
+    from cs336_systems.kernels.flash_gluon import (
+        _dq_accumulator,
+        _dq_columns,
+        _signature,
+        unpermute_dq,
+    )
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # else interpreted
+    heads, seq, block_m = 3, 100, TILES[kernel][d].block_m
+    tiles = -(-seq // block_m)
+    # values bf16 holds exactly: the interpreter rounds fp32 to bf16 toward zero, a GPU to
+    # the nearest
+    dq = torch.randn(heads, tiles * block_m, d, device=device).to(torch.bfloat16).float()
+    cols = _dq_columns(kernel, d)
+    acc = torch.cat([_in_thread_order(dq[h, t * block_m:(t + 1) * block_m, c:c + cols])
+                     for h in range(heads) for t in range(tiles) for c in range(0, d, cols)])
+    out = torch.empty(heads, seq, d, dtype=torch.bfloat16, device=device)
+    unpermute_dq[(tiles, heads)](acc, out, seq, HEAD_D=d, BLOCK_M=block_m, PARTS=d // cols)
+    assert torch.equal(out.float(), dq[:, :seq])
+    zeros, desc = _dq_accumulator(kernel, heads, seq, d, device)
+    assert zeros.numel() == acc.numel() and not zeros.any()
+    assert desc.block_shape == [block_m * cols // 32, 32]
+    assert f"fp32[{block_m * cols // 32}, 32]" in _signature(kernel, d, TILES[kernel][d],
+                                                              torch.bfloat16)["dq_desc"]
+
+
 def test_a_descriptor_is_made_once_an_address_shape_and_tile_and_holds_no_tensor():
     """Launches at the addresses of the step before take the descriptors made then; another
     address, shape or tile is another descriptor; a cached one keeps no memory alive."""

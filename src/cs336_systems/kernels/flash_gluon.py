@@ -46,7 +46,10 @@ dS K for each query tile they walk to that tile's dQ rows (fp32), one TMA bulk r
 tile, as FlashAttention-3 does; in the specialized schedule, program (n, bh) owns 2 x 64 keys,
 64 to each consumer warpgroup, and a fourth warpgroup computes and adds the tile's dQ over all
 of them once both consumers have written their dS^T to shared memory; in the paired schedule
-each consumer then computes and adds half of the tile's dQ columns itself. A program's compute
+each consumer then computes and adds half of the tile's dQ columns itself. These two add into
+an fp32 accumulator in their threads' order, which a last launch puts back in dQ's rows
+(`unpermute_dq`): stored in rows, each tile's dQ took two to four times the shared memory's
+wavefronts that it takes so. A program's compute
 warps are num_warps // 4 warpgroups, which split the rows of each wgmma. Heads vary fastest
 over the grid (in groups whose K and V fit in L2, where not all of them do), and under the
 causal mask the query-tile kernels take their tiles last first: the programs with the most key
@@ -79,6 +82,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 from torch import Tensor
 from triton._C.libtriton import ir
 from triton.experimental import gluon
@@ -170,6 +174,12 @@ def _wgmma_layouts(walked: int, head_d: int, num_warps: int) -> tuple:
                      for cols in (main, rest or main))
     return (scores, acc, gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2), rest_acc,
             gl.DotOperandLayout(operand_index=0, parent=rest_acc, k_width=2))
+
+
+@triton.constexpr_function
+def _block_rows(block_m: int, cols: int) -> int:
+    """Rows of 32 fp32 that a (block_m, cols) block of the dQ accumulator takes."""
+    return block_m * cols // 32
 
 
 @triton.constexpr_function
@@ -1102,11 +1112,12 @@ def attention_delta_kernel(o_ptr, do_ptr, delta_ptr, seq, HEAD_D: gl.constexpr,
 # query tiles that see them; a loader warp issues every TMA load. Each consumer computes its
 # keys' S^T and dP^T, then P^T and dS^T, adds P^T dO to dV and dS^T Q to dK from registers, and
 # writes its dS^T rows to shared memory. Once both halves are there, a third warpgroup computes
-# the tile's dQ = dS K over all BLOCK_N keys and adds it to dQ's fp32 rows with one TMA bulk
-# reduction: half the reductions of the atomic schedule, whose programs own half the keys, and
-# the consumers never wait for each other. Barriers: kv_ready (K and V landed); q_ready and
-# q_empty, a ring slot each (Q and dO landed; both consumers done with them); ds_ready and
-# ds_free, a dS^T buffer each (both halves written; the dQ warpgroup done with them).
+# the tile's dQ = dS K over all BLOCK_N keys and adds it to the fp32 accumulator (in its
+# threads' order, `_thread_order`) with one TMA bulk reduction: half the reductions of the
+# atomic schedule, whose programs own half the keys, and the consumers never wait for each
+# other. Barriers: kv_ready (K and V landed); q_ready and q_empty, a ring slot each (Q and dO
+# landed; both consumers done with them); ds_ready and ds_free, a dS^T buffer each (both halves
+# written; the dQ warpgroup done with them).
 
 
 @gluon.jit
@@ -1117,7 +1128,7 @@ def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M
     dV over the walked query tiles (transposed products, as `_dkdv_tile`), and their rows of
     each tile's dS^T, through two buffers in turn: for the dQ warpgroup (DQ_WARPGROUP), or, once
     the other consumer's rows are there too, for this consumer's own half of dQ's columns, dS
-    times its half of K's, added to dQ's fp32 rows by one TMA reduction (FlashAttention-3's
+    times its half of K's, added to the fp32 accumulator by one TMA reduction (FlashAttention-3's
     schedule at d 128, where a dQ warpgroup leaves the consumers too few registers). Without
     the dQ warpgroup a buffer needs no release: a consumer writes it again two tiles on, past
     the other's arrival at the tile between, which that one makes once its products of this
@@ -1181,7 +1192,8 @@ def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M
         mbarrier.arrive(ds_ready.index(buf), count=1)
         if not DQ_WARPGROUP:
             _dq_half(k_smem, ds_smem.index(buf), dq_smem, ds_ready.index(buf), dq_desc,
-                     head_row + start_m, (j // 2) & 1, sm_scale, CONSUMER, HEAD_D, BLOCK_M)
+                     _dq_block(seq, first + j, BLOCK_M), (j // 2) & 1, sm_scale, CONSUMER,
+                     HEAD_D, BLOCK_M)
         dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
         mbarrier.arrive(q_empty.index(slot), count=1)
 
@@ -1192,11 +1204,34 @@ def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M
 
 
 @gluon.jit
-def _dq_half(k_smem, ds_tile, dq_smem, ds_ready, dq_desc, row, phase, sm_scale,
+def _thread_order(acc, BLOCK_M: gl.constexpr, COLS: gl.constexpr):
+    """A (BLOCK_M = 64, COLS) wgmma accumulator of one warpgroup as `_block_rows` rows of 32 in
+    its threads' order: warp w's 16 rows, then column group j of 8, lane, the lane's four values
+    (rows w*16 + h*8 + lane/4, columns j*8 + 2*(lane%4) + e, for h and e of 0 and 1). A warp so
+    stores each column group's values as 512 contiguous bytes, 16 a lane, without a bank
+    conflict, where the rows of a TMA tile (swizzled or not) took two to four times the shared
+    memory's wavefronts (FlashAttention-3 keeps its dQ accumulator in this order too);
+    `unpermute_dq` puts them back in rows."""
+    gl.static_assert(BLOCK_M == 64, "a warpgroup's accumulator: four warps of 16 rows")
+    x = acc.reshape([4, 2, 8, COLS // 8, 4, 2])            # w, h, lane/4, j, lane%4, e
+    return x.permute((0, 3, 2, 4, 1, 5)).reshape([_block_rows(BLOCK_M, COLS), 32])
+
+
+@gluon.jit
+def _dq_block(seq, tile, BLOCK_M: gl.constexpr):
+    """The block of the fp32 dQ accumulator that query tile `tile` of the program's (batch,
+    head) adds to: the heads' tiles in order, cdiv(seq, BLOCK_M) a head (the key-tile kernels'
+    grids are (key tiles, heads))."""
+    return gl.program_id(1) * gl.cdiv(seq, BLOCK_M) + tile
+
+
+@gluon.jit
+def _dq_half(k_smem, ds_tile, dq_smem, ds_ready, dq_desc, block, phase, sm_scale,
              CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr):
     """A consumer's half of a tile's dQ columns: once both consumers' dS^T rows are in
     `ds_tile`, dS K over all the program's keys and this consumer's HEAD_D // 2 columns of K,
-    added to dQ's fp32 rows from `row` by one TMA reduction from the consumer's own buffer."""
+    added to the tile's `block` of the fp32 accumulator, this consumer's half of it, by one TMA
+    reduction from the consumer's own buffer (`_thread_order`)."""
     HALF: gl.constexpr = HEAD_D // 2
     acc_layout: gl.constexpr = _wgmma_layouts(BLOCK_M, HALF, 4)[1]
     mbarrier.wait(ds_ready, phase)
@@ -1206,18 +1241,18 @@ def _dq_half(k_smem, ds_tile, dq_smem, ds_ready, dq_desc, row, phase, sm_scale,
     dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
     my_dq = dq_smem.index(CONSUMER)
     tma.store_wait(0)                   # this consumer's last reduction has read its buffer
-    my_dq.store(dq * sm_scale)
+    my_dq.store(_thread_order(dq * sm_scale, BLOCK_M, HALF))
     fence_async_shared()
     _barrier()
-    _tma_add(dq_desc, [row, CONSUMER * HALF], my_dq)
+    _tma_add(dq_desc, [(block * 2 + CONSUMER) * _block_rows(BLOCK_M, HALF), 0], my_dq)
 
 
 @gluon.jit
-def _dq_partition(k_smem, ds_smem, dq_smem, kv_ready, ds_ready, ds_free, dq_desc, head_row,
+def _dq_partition(k_smem, ds_smem, dq_smem, kv_ready, ds_ready, ds_free, dq_desc, seq,
                   first, n_tiles, sm_scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr):
     """The dQ warpgroup: each walked tile's dQ = dS K over all the program's keys, once both
-    consumers have written their dS^T rows, added to dQ's fp32 rows by one TMA reduction from
-    one of two buffers, taken in turn."""
+    consumers have written their dS^T rows, added to the tile's block of the fp32 accumulator
+    (`_thread_order`) by one TMA reduction from one of two buffers, taken in turn."""
     acc_layout: gl.constexpr = _wgmma_layouts(BLOCK_M, HEAD_D, 4)[1]
     mbarrier.wait(kv_ready, 0)
     for j in range(n_tiles):
@@ -1229,10 +1264,11 @@ def _dq_partition(k_smem, ds_smem, dq_smem, kv_ready, ds_ready, ds_free, dq_desc
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
         mbarrier.arrive(ds_free.index(buf), count=1)
         tma.store_wait(1)               # the reduction of two tiles ago has read this buffer
-        dq_smem.index(buf).store(dq * sm_scale)
+        dq_smem.index(buf).store(_thread_order(dq * sm_scale, BLOCK_M, HEAD_D))
         fence_async_shared()
         _barrier()
-        _tma_add(dq_desc, [head_row + (first + j) * BLOCK_M, 0], dq_smem.index(buf))
+        _tma_add(dq_desc, [_dq_block(seq, first + j, BLOCK_M) * _block_rows(BLOCK_M, HEAD_D), 0],
+                 dq_smem.index(buf))
     tma.store_wait(0)
 
 
@@ -1330,7 +1366,7 @@ def attention_dkdv_specialized_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, 
             (_dkdv_consumer, (shared, 1, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, True)),
             (_dkdv_load_partition, loads),
             (_dq_partition, (k_smem, ds_smem, dq_smem, kv_ready, ds_ready, ds_free, dq_desc,
-                             head_row, first, n_tiles, sm_scale, HEAD_D, BLOCK_M)),
+                             seq, first, n_tiles, sm_scale, HEAD_D, BLOCK_M)),
         ], [num_warps, LOADER_WARPS, 4], [CONSUMER_REGISTERS, LOADER_REGISTERS, DQ_REGISTERS])
     else:
         gl.warp_specialize([
@@ -1608,11 +1644,49 @@ def _descriptor(t: Tensor, block_rows: int, block_cols: int | None = None):
 
 @functools.lru_cache(maxsize=4096)
 def _described(address: int, dtype: torch.dtype, rows: int, d: int, block_rows: int,
-               block_cols: int):
+               block_cols: int, unswizzled: bool = False):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    layout = (_ACCUMULATOR_LAYOUT if unswizzled
+              else _shared_layout(block_rows, block_cols, _DESCRIBED[dtype]))
     return TensorDescriptor(DeviceAddress(address, dtype), [rows, d], [d, 1],
-                            [block_rows, block_cols],
-                            _shared_layout(block_rows, block_cols, _DESCRIBED[dtype]))
+                            [block_rows, block_cols], layout)
+
+
+# the specialized and paired backward's dQ accumulator: rows of 32 fp32 in the warpgroups'
+# thread order (`_thread_order`), a TMA tile of them as they lie in shared memory, unswizzled
+_ACCUMULATOR_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+def _dq_accumulator(kernel: str, heads: int, seq: int, d: int,
+                    device: torch.device) -> tuple[Tensor, object]:
+    """The zeroed fp32 dQ accumulator of a key-tile kernel that adds dQ in thread order
+    (`dkdv-specialized`, `dkdv-paired`): a (block_m, d) block a query tile, tails included,
+    each warpgroup's (block_m, `_dq_columns`) part of it in `_thread_order`; and the TMA
+    descriptor of one such part. `unpermute_dq` reads it back in rows."""
+    block_m = TILES[kernel][d].block_m
+    acc = torch.zeros(heads * triton.cdiv(seq, block_m) * block_m * d // 32, 32,
+                      dtype=torch.float32, device=device)
+    return acc, _described(acc.data_ptr(), acc.dtype, acc.shape[0], 32,
+                           _block_rows(block_m, _dq_columns(kernel, d)), 32, True)
+
+
+@triton.jit
+def unpermute_dq(acc_ptr, dq_ptr, seq, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                 PARTS: tl.constexpr):
+    """dQ's rows of one query tile (program 0) of one (batch, head) (program 1), in dQ's dtype,
+    from the tile's block of the fp32 accumulator (`_dq_accumulator`): its PARTS column parts
+    one after the other, each in the warpgroup's thread order (`_thread_order`)."""
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    block = head * tl.cdiv(seq, BLOCK_M) + tile
+    x = tl.load(acc_ptr + block * BLOCK_M * HEAD_D + tl.arange(0, BLOCK_M * HEAD_D))
+    x = tl.reshape(x, [PARTS, 4, HEAD_D // PARTS // 8, 8, 4, 2, 2])  # part, w, j, lane/4,
+    x = tl.permute(x, (1, 5, 3, 0, 2, 4, 6))                         # lane%4, h, e
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, HEAD_D)
+    tl.store(dq_ptr + (head * seq + rows)[:, None] * HEAD_D + cols[None, :],
+             tl.reshape(x, [BLOCK_M, HEAD_D]).to(dq_ptr.dtype.element_ty),
+             mask=rows[:, None] < seq)
 
 
 def _dq_columns(kernel: str, d: int) -> int:
@@ -1723,7 +1797,7 @@ def flash_gluon_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor
     default `default_backward_schedule`'s for the shape) runs them. "split": the query-tile
     kernel (dQ, and D = rowsum(dO * O) for each of its rows), then the key-tile kernel (dK, dV),
     which reads D. "atomic" and "specialized": D alone, then a key-tile kernel which also adds
-    each tile's dQ to fp32 rows with TMA bulk reductions, its warps all loading and computing
+    each tile's dQ in fp32 with TMA bulk reductions, its warps all loading and computing
     (no faster than split on an H200) or a loader warp and two consumer warpgroups, with a dQ
     warpgroup ("specialized") or each adding half of dQ's columns ("paired")
     (docs/measurements.md)."""
@@ -1754,12 +1828,20 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, grad_o: T
                 lse, delta, seq, *scales)
         return dq, dk, dv
     _launch("delta", shape, is_causal, o, grad_o, delta, seq)
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     kernel = BACKWARD_SCHEDULES[schedule][-1]
-    _launch(kernel, shape, is_causal, *_operands(kernel, d, q, k, v, grad_o),
-            _descriptor(dq, TILES[kernel][d].block_m, _dq_columns(kernel, d)), dk, dv, lse,
-            delta, seq, *scales)
-    return dq.to(q.dtype), dk, dv
+    if kernel == "dkdv-atomic":     # dQ's fp32 rows themselves
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        _launch(kernel, shape, is_causal, *_operands(kernel, d, q, k, v, grad_o),
+                _descriptor(dq, TILES[kernel][d].block_m), dk, dv, lse, delta, seq, *scales)
+        return dq.to(q.dtype), dk, dv
+    acc, acc_desc = _dq_accumulator(kernel, *shape, q.device)
+    _launch(kernel, shape, is_causal, *_operands(kernel, d, q, k, v, grad_o), acc_desc, dk, dv,
+            lse, delta, seq, *scales)
+    dq = torch.empty_like(q)
+    block_m = TILES[kernel][d].block_m
+    direct(unpermute_dq)[(triton.cdiv(seq, block_m), shape[0])](
+        acc, dq, seq, HEAD_D=d, BLOCK_M=block_m, PARTS=d // _dq_columns(kernel, d))
+    return dq, dk, dv
 
 
 # --- custom operators (what torch.compile sees: one opaque call each way) and autograd -------
@@ -1894,9 +1976,13 @@ def _signature(kernel: str, d: int, tiles: Tiles, dtype: torch.dtype) -> dict:
     if split:
         tensors.update(rests(q_rows, kv_rows, kv_rows, q_rows))
     if kernel.startswith("dkdv"):   # dQ: the split one's unused, the atomic one's fp32 tiles
-        cols = _dq_columns(kernel, d)
-        dq = (f"tensordesc<fp32[{q_rows}, {cols}],{_shared_layout(q_rows, cols, gl.float32)!r}>"
-              if kernel != "dkdv" else f"*{name}")
+        if kernel == "dkdv":
+            dq = f"*{name}"
+        elif kernel == "dkdv-atomic":
+            dq = f"tensordesc<fp32[{q_rows}, {d}],{_shared_layout(q_rows, d, gl.float32)!r}>"
+        else:       # a warpgroup's part of the accumulator (`_dq_accumulator`)
+            rows = _block_rows(q_rows, _dq_columns(kernel, d))
+            dq = f"tensordesc<fp32[{rows}, 32],{_ACCUMULATOR_LAYOUT!r}>"
         pointers = {"dq_desc": dq, "dk_ptr": f"*{name}", "dv_ptr": f"*{name}"}
     else:
         pointers = {"dq_ptr": f"*{name}", "o_ptr": f"*{name}", "do_ptr": f"*{name}"}
