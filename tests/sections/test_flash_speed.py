@@ -539,7 +539,6 @@ def test_a_graph_step_returns_the_gradients_and_leaves_grad_alone():
     assert all(t.grad is None for t in (q, k, v))
     speed.step_fn(attend, "forward_backward_ms", (q, k, v, grad_o), True)()
     assert all(torch.allclose(g, t.grad) for g, t in zip(grads, (q, k, v)))
-    assert {g.metric for g in GROUPS.values() if g.name.endswith("_graph")} == {GRAPH_METRIC}
 
 
 def test_a_bound_quoted_for_another_gpu_is_not_judged(tmp_path, monkeypatch):
@@ -551,16 +550,32 @@ def test_a_bound_quoted_for_another_gpu_is_not_judged(tmp_path, monkeypatch):
 
 
 def test_each_graph_group_times_its_eager_twins_shapes_in_gpu_time():
-    """A `<group>_graph` group is its eager group's shapes replayed from CUDA graphs, which the
-    host-bound check pairs row by row."""
+    """A `<group>_graph` group is its eager group's shapes and step (a forward, or a
+    forward+backward) replayed from CUDA graphs, which the host-bound check pairs row by row."""
+    from cs336_systems.sections.flash.targets import TARGETS, graph_twin
     assert {name for name in GROUPS if name.endswith("_graph")} == {
-        "long_graph", "model_shapes_graph", "batch_one_graph"}
+        "long_graph", "model_shapes_graph", "batch_one_graph", "gluon_forward_graph"}
     for name, group in GROUPS.items():
         if name.endswith("_graph"):
             eager = GROUPS[name.removesuffix("_graph")]
-            assert group.metric == "forward_backward_graph_ms", name
+            assert group.metric == {"forward_backward_ms": "forward_backward_graph_ms",
+                                    "forward_ms": "forward_graph_ms"}[eager.metric], name
             assert group.case(CONFIG["defaults"]["flash"]) == eager.case(
                 CONFIG["defaults"]["flash"]), name
+    twins = {t.key: graph_twin(t) for t in TARGETS}
+    assert twins["gluon_forward_vs_sdpa_cudnn"].key == "gluon_forward_graph_vs_sdpa_cudnn"
+    assert twins["gluon_long_vs_sdpa_cudnn"].key == "gluon_long_graph_vs_sdpa_cudnn"
+    assert twins["forward_vs_sdpa_flash"] is None      # no group "forward_graph"
+
+
+def test_a_forward_graph_step_is_the_forward_alone():
+    """The forward's graph twin replays the forward alone: its output, no gradient."""
+    from cs336_systems.lm.attention import get_attention
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 8, 16, requires_grad=True) for _ in range(3))
+    attend = get_attention("eager")
+    o = speed.step_fn(attend, "forward_graph_ms", (q, k, v, None), True)()
+    assert torch.equal(o, attend(q, k, v, True)) and all(t.grad is None for t in (q, k, v))
 
 
 def test_a_row_missed_eagerly_and_met_in_gpu_time_is_called_host_bound(tmp_path):

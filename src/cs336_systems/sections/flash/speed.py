@@ -6,9 +6,9 @@ targets, ours and every reference its targets name, in one process, at each of i
   `skipped` with SDPA's reason), compiled where its target says, run once to warm up, then
   timed with `timing.benchmark_ms` (a `do_bench` median) in `--rounds` interleaved rounds
   (ours, reference, ours, reference, ...). A value is the median of its rounds' medians, and its
-  spread their standard deviation: do_bench's median carries no spread of its own. Groups of
-  `GRAPH_METRIC` time each forward+backward replayed from a CUDA graph, so that the GPU's
-  time is measured without the host's.
+  spread their standard deviation: do_bench's median carries no spread of its own. Groups of a
+  graph metric (`GRAPH_METRICS`) time each step, a forward or a forward+backward, replayed from
+  a CUDA graph, so that the GPU's time is measured without the host's.
 - `longest`: our forward+backward once at each shape's length, halving the length after an
   out-of-memory; the value is the longest length that ran.
 - `cold_compile`: a fresh Python process with empty Triton and Inductor caches
@@ -44,6 +44,7 @@ from cs336_systems.sections.flash.latency import attention_inputs
 from cs336_systems.sections.flash.targets import (
     COLD_COMPILE_CLI,
     GRAPH_METRIC,
+    GRAPH_METRICS,
     GROUPS,
     OURS,
     AttentionRun,
@@ -66,11 +67,11 @@ def attend_fn(impl: AttentionRun) -> Callable:
 
 
 def step_fn(attend: Callable, metric: str, inputs: tuple, causal: bool) -> Callable[[], None]:
-    """One forward (`forward_ms`) or one forward+backward (`forward_backward_ms`; for a CUDA
-    graph, `GRAPH_METRIC`, gradients returned rather than accumulated into .grad, whose
-    tensors a graph could not follow)."""
+    """One forward (`forward_ms`, and its CUDA graph's twin) or one forward+backward
+    (`forward_backward_ms`; for a CUDA graph, `GRAPH_METRIC`, gradients returned rather than
+    accumulated into .grad, whose tensors a graph could not follow)."""
     q, k, v, grad_o = inputs
-    if metric == "forward_ms":
+    if metric in ("forward_ms", GRAPH_METRICS["forward_ms"]):
         return lambda: attend(q, k, v, causal)
     if metric == GRAPH_METRIC:
         return lambda: torch.autograd.grad(attend(q, k, v, causal), (q, k, v), grad_o)
@@ -120,6 +121,7 @@ def time_versus(shape: Shape, impls: list[AttentionRun], metric: str, config: di
     inputs = attention_inputs(shape, PRECISIONS[config["precision"]], device)
     q, k, v, _ = inputs
     steps, done = {}, {}
+    graphed = metric in GRAPH_METRICS.values()
     for impl in impls:
         if reason := unavailable_reason(impl.name, q, k, v, config["causal"]):
             done[impl] = _entry(impl, shape, metric, "skipped", message=reason)
@@ -127,7 +129,7 @@ def time_versus(shape: Shape, impls: list[AttentionRun], metric: str, config: di
         try:
             step = step_fn(attend_fn(impl), metric, inputs, config["causal"])
             step()  # compiles where compiled, and warms up
-            if metric == GRAPH_METRIC:
+            if graphed:
                 step = replayed(step, device)
             synchronize(device)
             steps[impl] = step
@@ -140,7 +142,7 @@ def time_versus(shape: Shape, impls: list[AttentionRun], metric: str, config: di
         for impl, step in list(steps.items()):
             try:
                 rounds[impl].append(benchmark_ms(
-                    step, device, grad_to_none=None if metric == GRAPH_METRIC else [q, k, v]))
+                    step, device, grad_to_none=None if graphed else [q, k, v]))
             except Exception as error:  # noqa: BLE001
                 if not is_out_of_memory(error):
                     raise
