@@ -253,9 +253,9 @@ def test_each_kernels_descriptors_are_the_tiles_it_is_compiled_for(kernel, d):
     signature the kernel compiles for: each one's rows and columns and its dtype."""
     import re
 
-    from cs336_systems.kernels.flash_gluon import _operands, _signature
-    rows = [torch.randn(2, 256, d, dtype=torch.bfloat16)
-            for _ in range(3 if kernel.startswith("forward") else 4)]
+    from cs336_systems.kernels.flash_gluon import _O_BY_TMA, _operands, _signature
+    rows = [torch.randn(2, 256, d, dtype=torch.bfloat16)   # q, k, v, and dO or O
+            for _ in range(3 if kernel.startswith("forward") and kernel not in _O_BY_TMA else 4)]
     made = [(list(m.block_shape), m.shape, m.base.dtype) for m in _operands(kernel, d, *rows)
             if m is not None]
     compiled = [[int(n) for n in re.match(r"tensordesc<bf16\[(\d+), (\d+)\]", kind).groups()]

@@ -57,7 +57,9 @@ tiles start first and the shortest fill the tail (`_query_tile`).
 
 The TMA descriptors see q, k, v and dO as 2-D (batch * heads * seq, d) tensors: a tile that
 runs past its head's last row reads the next head's rows (zeros past the tensor's end); the
-masks (keys >= seq, queries >= seq) and the masked stores make them harmless. Tiles wholly off
+masks (keys >= seq, queries >= seq) and the masked stores make them harmless. The ping-pong
+forward stores a whole tile of O by TMA too, from the shared memory its Q tile leaves (a tile
+that runs past its head's end by masked stores). Tiles wholly off
 the causal diagonal and inside the sequence run without a mask; the others with one. The choice
 is a branch around the mask alone, never around a wgmma: with the products inside a runtime
 branch, Triton 3.6 compiled kernels that computed wrong scores in the branch's tiles (and read
@@ -102,7 +104,9 @@ from cs336_systems.kernels.launch import (DeviceAddress, Launch, direct,
                                           eager_on_plain_tensors)
 
 # Triton 3.6 (torch 2.11's) names the TMA load async_copy_global_to_shared, later ones async_load
+# (and the store async_copy_shared_to_global, later async_store)
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 # ... and the barrier of a program's warps (a partition's, in a warp-specialized kernel)
 # thread_barrier, later ones barrier
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -674,8 +678,8 @@ def _pingpong_partition(shared, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
     the softmax of S_j between turns; then as many idle turns (each releasing a K/V slot it
     does not read) as the last consumer has tiles more, so that all take the same turns; then
     O and the logsumexp."""
-    (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns, o_ptr, lse_ptr, head_row,
-     start_m, seq, qk_scale) = shared     # what every consumer takes (the kernel's `shared`)
+    (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns, o_desc, o_ptr, lse_ptr,
+     head_row, start_m, seq, qk_scale) = shared   # what every consumer takes (the kernel's)
     my_turn = turns.index(CONSUMER)
     other_turn = turns.index((CONSUMER + 1) % CONSUMERS)     # the next consumer's
     my_start = start_m + CONSUMER * BLOCK_M
@@ -730,8 +734,29 @@ def _pingpong_partition(shared, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
         mbarrier.arrive(kv_empty.index(j % STAGES), count=1)
         mbarrier.wait(my_turn, (j + 1) & 1)
         mbarrier.arrive(other_turn, count=1)
-    _store_outputs(o_ptr, lse_ptr, acc, m_i, l_i, head_row, my_start, seq, o_layout, s_layout,
-                   HEAD_D, BLOCK_M)
+    if my_start + BLOCK_M <= seq:
+        _store_tile_by_tma(o_desc, q_smem.index(CONSUMER), lse_ptr, acc, m_i, l_i, head_row,
+                           my_start, o_layout, s_layout, BLOCK_M)
+    else:
+        _store_outputs(o_ptr, lse_ptr, acc, m_i, l_i, head_row, my_start, seq, o_layout,
+                       s_layout, HEAD_D, BLOCK_M)
+
+
+@gluon.jit
+def _store_tile_by_tma(o_desc, o_smem, lse_ptr, acc, m_i, l_i, head_row, start_m,
+                       o_layout: gl.constexpr, s_layout: gl.constexpr, BLOCK_M: gl.constexpr):
+    """`_store_outputs` for a whole tile of a consumer's queries: O into `o_smem` (its Q
+    tile's buffer, free once the tile's last S is done), then to global memory by one TMA
+    store, where the wgmma layout's rows made uncoalesced stores of four bytes a thread
+    (278 K of them at 16 x 8192 x 128; FlashAttention-4 stores O by TMA too)."""
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    o_smem.store((acc / l_o[:, None]).to(o_smem.dtype))
+    fence_async_shared()
+    _barrier()                          # every thread's rows written before the one TMA store
+    _tma_store(o_desc, [head_row + start_m, 0], o_smem)
+    lse_rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, s_layout))
+    gl.store(lse_ptr + head_row + lse_rows, (m_i + gl.log2(l_i)) * LN_2)
+    tma.store_wait(0)                   # o_smem read before the program ends
 
 
 @gluon.jit
@@ -752,7 +777,8 @@ def _pingpong_load_partition(loads, CONSUMERS: gl.constexpr, BLOCK_M: gl.constex
 
 
 @gluon.jit
-def attention_fwd_pingpong_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, qk_scale,
+def attention_fwd_pingpong_kernel(q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, seq,
+                                  qk_scale,
                                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                   CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr,
@@ -783,8 +809,8 @@ def attention_fwd_pingpong_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq, q
     for i in gl.static_range(STAGES):
         mbarrier.init(kv_empty.index(i), count=CONSUMERS)   # every consumer releases each tile
 
-    shared = (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns, o_ptr, lse_ptr,
-              head_row, start_m, seq, qk_scale)
+    shared = (q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty, turns, o_desc, o_ptr,
+              lse_ptr, head_row, start_m, seq, qk_scale)
     loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, kv_ready, kv_empty,
              head_row, start_m, seq)
     if CONSUMERS == 2:
@@ -1489,6 +1515,8 @@ _SPLIT_D_KERNELS = ("forward", "forward-overlap", "dq", "dkdv", "dkdv-atomic")
 # others' own key tiles (dK, dV) or rows of D, tiles fastest
 _QUERY_TILE_KERNELS = ("forward", "forward-overlap", "forward-specialized", "forward-pingpong",
                        "dq")
+# the forward kernels that take O's TMA descriptor (`_store_tile_by_tma`) before its pointer
+_O_BY_TMA = ("forward-pingpong",)
 # the backward's, each its kernels of KERNELS in launch order: the query-tile kernel (dQ and D)
 # then the key-tile kernel (dK, dV), FlashAttention-2's five products and two more (S and dP
 # for dQ); or D alone, then a key-tile kernel adding each tile's dQ with a TMA bulk reduction,
@@ -1744,17 +1772,18 @@ def _launch(kernel: str, shape: tuple[int, int, int], is_causal: bool, *args) ->
 
 
 def _operands(kernel: str, d: int, *rows: Tensor) -> list:
-    """TMA descriptors of q, k, v (and dO) rows for the kernel's tiles (`_operand_tiles`)."""
+    """TMA descriptors of q, k, v (and dO, or the forward's O) rows for the kernel's tiles
+    (`_operand_tiles`)."""
     return [tile and _descriptor(rows[tile[0]], *tile[1:])
             for tile in _operand_tiles(kernel, d, TILES[kernel][d], len(rows))]
 
 
 @functools.lru_cache(maxsize=256)
 def _operand_tiles(kernel: str, d: int, tiles: Tiles, n_rows: int) -> tuple:
-    """(which of q, k, v, dO, tile rows, tile columns) of each of a kernel's descriptor
-    arguments: queries and dO in tiles of block_m rows, keys and values of block_n, each of the
-    head dim's main columns (`head_split`); then, for the kernels of _SPLIT_D_KERNELS, the same
-    of its rest columns (None where there are none)."""
+    """(which of q, k, v, dO (or O), tile rows, tile columns) of each of a kernel's descriptor
+    arguments: queries and dO (the forward's O for _O_BY_TMA) in tiles of block_m rows, keys
+    and values of block_n, each of the head dim's main columns (`head_split`); then, for the
+    kernels of _SPLIT_D_KERNELS, the same of its rest columns (None where there are none)."""
     main, rest = head_split(d)
     parts = [main] + ([rest] if kernel in _SPLIT_D_KERNELS else [])
     blocks = (tiles.block_m, tiles.block_n, tiles.block_n, tiles.block_m)[:n_rows]
@@ -1785,7 +1814,8 @@ def flash_gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False
     q, k, v = _rows(q, k, v)
     o = torch.empty_like(q)
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
-    _launch(kernel, shape, is_causal, *_operands(kernel, d, q, k, v), o, lse, seq,
+    described = (q, k, v, o) if kernel in _O_BY_TMA else (q, k, v)
+    _launch(kernel, shape, is_causal, *_operands(kernel, d, *described), o, lse, seq,
             d ** -0.5 * LOG2_E)
     return o, lse
 
@@ -1969,6 +1999,8 @@ def _signature(kernel: str, d: int, tiles: Tiles, dtype: torch.dtype) -> dict:
     tensors = {"q_desc": descriptor(q_rows), "k_desc": descriptor(kv_rows),
                "v_desc": descriptor(kv_rows)}
     split = kernel in _SPLIT_D_KERNELS
+    if kernel in _O_BY_TMA:
+        tensors["o_desc"] = descriptor(q_rows)
     if kernel.startswith("forward"):
         return {**tensors, **(rests(q_rows, kv_rows, kv_rows) if split else {}),
                 "o_ptr": f"*{name}", "lse_ptr": "*fp32", "seq": "i32", "qk_scale": "fp32"}
