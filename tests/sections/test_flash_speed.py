@@ -596,11 +596,13 @@ def test_a_row_missed_eagerly_and_met_in_gpu_time_is_called_host_bound(tmp_path)
     assert facts["speed"]["host_bound"] == [{
         "title": "Gluon forward+backward, long sequences", "shape": "16x4096x64",
         "target": "≤ 0.95x SDPA cuDNN", "eager": "1.58x", "graph": "0.90x",
-        "graph_within_spread": False}]
+        "graph_within_spread": False, "host": True, "eager_ms": "0.790 ms",
+        "graph_ms": "0.360 ms"}]
     text = " ".join(section_text("flash", facts, link_base=tmp_path).split())
     assert ("Host-bound: Gluon forward+backward, long sequences at 16x4096x64 misses ≤ 0.95x "
             "SDPA cuDNN as an eager step (1.58x) and meets it in GPU time (0.90x, the same "
-            "steps replayed from CUDA graphs)") in text
+            "steps replayed from CUDA graphs): our eager step took 0.790 ms against 0.360 ms "
+            "replayed, so the host's time a step") in text
     assert "so another run could miss it" not in text
     # the GPU time's bound inside its spread: said
     noisy = _record(tmp_path, "long_graph", [
@@ -615,3 +617,27 @@ def test_a_row_missed_eagerly_and_met_in_gpu_time_is_called_host_bound(tmp_path)
     met = _record(tmp_path, "long", [_measured("flash-gluon", short, 0.37),
                                      _measured("sdpa-cudnn", short, 0.40)], [short])
     assert _facts(tmp_path, [met, replayed])["speed"]["host_bound"] == []
+
+
+def test_an_eager_miss_whose_step_took_no_longer_than_its_replay_is_not_host_bound(tmp_path):
+    """A long step that misses eagerly by a hair and meets the bound replayed, its eager time
+    no longer than its replayed time beyond their spreads: the runs' spread, not the host."""
+    shape, graph = (16, 16384, 128), "forward_backward_graph_ms"
+    eager = _record(tmp_path, "long", [_measured("flash-gluon", shape, 6.84, std=0.24),
+                                       _measured("sdpa-cudnn", shape, 7.17, std=0.57)], [shape])
+    replayed = _record(tmp_path, "long_graph", [
+        _measured("flash-gluon", shape, 6.87, std=0.02, metric=graph),
+        _measured("sdpa-cudnn", shape, 7.28, std=0.05, metric=graph)], [shape])
+    facts = _facts(tmp_path, [eager, replayed])
+    [note] = facts["speed"]["host_bound"]
+    assert note["host"] is False and (note["eager"], note["graph"]) == ("0.95x", "0.94x")
+    text = " ".join(section_text("flash", facts, link_base=tmp_path).split())
+    assert "Host-bound" not in text
+    assert ("Within the runs' spread: Gluon forward+backward, long sequences at 16x16384x128 "
+            "misses ≤ 0.95x SDPA cuDNN as an eager step (0.95x)") in text
+    assert ("our eager step took 6.840 ms against 6.870 ms replayed, no longer beyond their "
+            "spreads") in text
+    # the same eager step a millisecond slower than its replay: the host's time
+    slow = _record(tmp_path, "long", [_measured("flash-gluon", shape, 7.84, std=0.24),
+                                      _measured("sdpa-cudnn", shape, 8.17, std=0.57)], [shape])
+    assert _facts(tmp_path, [slow, replayed])["speed"]["host_bound"][0]["host"] is True
