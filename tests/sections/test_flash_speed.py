@@ -645,3 +645,14 @@ def test_an_eager_miss_whose_step_took_no_longer_than_its_replay_is_not_host_bou
         _measured("flash-gluon", shape, 7.4, std=0.9, rounds=[8.9, 7.4, 6.9]),
         _measured("sdpa-cudnn", shape, 7.17, std=0.57)], [shape])
     assert _facts(tmp_path, [slow, replayed])["speed"]["host_bound"][0]["host"] is True
+
+
+def test_the_counts_sentence_says_one_row_in_the_singular(tmp_path):
+    """One row missed and one not measured: 'misses' and 'was', not 'miss' and 'were'."""
+    ours = "flash-triton+compile"
+    path = _record(tmp_path, "leaderboard", [
+        _measured(ours, LB, 4.0), _measured("sdpa-flash+compile", LB, 6.0),
+        _measured("sdpa-cudnn+compile", LB, 3.5),
+        _measured("fa4+compile", LB, 0.0, status="skipped", message="no flash-attn-4")], [LB])
+    text = " ".join(section_text("flash", _facts(tmp_path, [path]), link_base=tmp_path).split())
+    assert "Of 4 rows, 2 meet their target, 1 misses it and 1 was not measured." in text
