@@ -2,7 +2,7 @@
 candidate tile set of each kernel (the forward's four schedules; the backward's key-tile and
 query-tile kernels, and the key-tile kernel that adds dQ atomically) with the others at their
 defaults, each checked against the defaults' outputs before it is timed. `TILES` in
-`kernels/flash_gluon.py` comes from this (16 heads of 16384 causal bf16, on an H200).
+`kernels/flash_gluon/` comes from this (16 heads of 16384 causal bf16, on an H200).
 
     python scripts/sweep_gluon.py [--heads 16] [--seq 16384] [--kernels forward dq] [--json f]
 

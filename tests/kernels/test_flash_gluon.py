@@ -229,7 +229,8 @@ def test_each_kernels_grid_has_a_program_per_tile_it_owns():
     """Query-tile kernels take the heads fastest over their grid, the others their tiles; the
     ping-pong forward's programs own three query tiles at d 64 and two at d 128, the specialized
     and paired backwards' 128 keys."""
-    from cs336_systems.kernels.flash_gluon import Tiles, _launch_plan
+    from cs336_systems.kernels.flash_gluon import Tiles
+    from cs336_systems.kernels.flash_gluon.host import _launch_plan
     heads, seq = 48, 1000
     grids = {kernel: _launch_plan(kernel, heads, seq, 64, True, TILES[kernel][64]).grid
              for kernel in ("forward", "forward-pingpong", "dq", "dkdv", "dkdv-specialized",
@@ -253,7 +254,9 @@ def test_each_kernels_descriptors_are_the_tiles_it_is_compiled_for(kernel, d):
     signature the kernel compiles for: each one's rows and columns and its dtype."""
     import re
 
-    from cs336_systems.kernels.flash_gluon import _O_BY_TMA, _operands, _signature
+    from cs336_systems.kernels.flash_gluon.host import _operands
+    from cs336_systems.kernels.flash_gluon.resources import _signature
+    from cs336_systems.kernels.flash_gluon.tiles import _O_BY_TMA
     rows = [torch.randn(2, 256, d, dtype=torch.bfloat16)   # q, k, v, and dO or O
             for _ in range(3 if kernel.startswith("forward") and kernel not in _O_BY_TMA else 4)]
     made = [(list(m.block_shape), m.shape, m.base.dtype) for m in _operands(kernel, d, *rows)
@@ -277,12 +280,9 @@ def test_the_dq_accumulator_in_thread_order_comes_back_in_rows(kernel, d):
     """`unpermute_dq` inverts the order the specialized and paired backwards add dQ in, each
     warpgroup's columns a part of a tile's block, tails included; the accumulator's descriptor
     is a warpgroup's part, the tile the kernel compiles for."""
-    from cs336_systems.kernels.flash_gluon import (
-        _dq_accumulator,
-        _dq_columns,
-        _signature,
-        unpermute_dq,
-    )
+    from cs336_systems.kernels.flash_gluon import unpermute_dq
+    from cs336_systems.kernels.flash_gluon.host import _dq_accumulator, _dq_columns
+    from cs336_systems.kernels.flash_gluon.resources import _signature
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # else interpreted
     heads, seq, block_m = 3, 100, TILES[kernel][d].block_m
     tiles = -(-seq // block_m)
@@ -308,7 +308,7 @@ def test_a_descriptor_is_made_once_an_address_shape_and_tile_and_holds_no_tensor
     import gc
     import weakref
 
-    from cs336_systems.kernels.flash_gluon import _descriptor
+    from cs336_systems.kernels.flash_gluon.host import _descriptor
     x = torch.randn(4, 128, 64, dtype=torch.bfloat16)
     first = _descriptor(x, 64)
     assert _descriptor(x, 64) is first

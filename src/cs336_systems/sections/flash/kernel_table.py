@@ -26,7 +26,7 @@ from cs336_systems.sections.flash.kernel_variants import (
 )
 
 OURS, ATOMIC, REFERENCE = "flash-triton", "flash-triton-atomic-dq", "sdpa-cudnn"
-GLUON = "flash-gluon"  # our Gluon kernels for Hopper (kernels/flash_gluon.py)
+GLUON = "flash-gluon"  # our Gluon kernels for Hopper (kernels/flash_gluon/)
 PEER = "fa4"  # FlashAttention-4, the other stock kernel set beside cuDNN's, where installed
 KEY_TILE_KERNEL = "flash_bwd_kernel"  # ours whose work changes with atomic dQ
 PASSES = ("forward", "backward")

@@ -27,7 +27,7 @@ NEEDED = {"forward": 2, "backward": 5}  # matmul units each pass needs
 OUR_MATMULS = {"flash_fwd_kernel": 2, "flash_bwd_dq_kernel": 3, "flash_bwd_prepare_kernel": 0,
                "flash_bwd_kernel": 4}
 OUR_MATMULS_ATOMIC = {**OUR_MATMULS, "flash_bwd_kernel": 5}  # it adds dS K into dQ too
-# the Gluon kernels (kernels/flash_gluon.py) by pass: a forward kernel a schedule (the waited and
+# the Gluon kernels (kernels/flash_gluon/) by pass: a forward kernel a schedule (the waited and
 # overlapped schedules share one; the head dim picks the default), and the kernels of the
 # default backward schedules (the head dim picks): the split one's two, the specialized one's
 GLUON_KERNELS = {"forward": ("attention_fwd_kernel", "attention_fwd_specialized_kernel",

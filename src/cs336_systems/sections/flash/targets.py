@@ -27,7 +27,7 @@ from cs336_systems.lm.sizes import MODEL_SIZES
 from cs336_systems.pipeline.cli import positive_int
 
 OURS = "flash-triton"
-# our FlashAttention for Hopper in Gluon (kernels/flash_gluon.py), held against cuDNN's
+# our FlashAttention for Hopper in Gluon (kernels/flash_gluon/), held against cuDNN's
 GLUON = "flash-gluon"
 # FlashAttention-4 (optional package flash-attn-4): the stock kernels beside cuDNN's on Hopper;
 # a machine without it records the targets against it as skipped

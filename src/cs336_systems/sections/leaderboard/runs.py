@@ -127,7 +127,7 @@ VARIANTS: dict[str, LeaderboardVariant] = {
     "stock-fa4": replace(STOCK, attention="fa4"),
     "ours-but-fa4": replace(OURS, attention="fa4"),
     "ours-but-fa4-offloaded": replace(OURS, attention="fa4", optimizer="adamw-offloaded"),
-    # our Gluon kernels for Hopper (kernels/flash_gluon.py) in place of the Triton FA2
+    # our Gluon kernels for Hopper (kernels/flash_gluon/) in place of the Triton FA2
     "ours-but-flash-gluon": replace(OURS, attention="flash-gluon"),
     "ours-but-flash-gluon-offloaded": replace(OURS, attention="flash-gluon",
                                               optimizer="adamw-offloaded"),
