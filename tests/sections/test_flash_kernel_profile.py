@@ -295,8 +295,8 @@ def test_the_profile_names_every_gluon_kernel_flash_gluon_runs():
     """Each forward schedule's kernel and the default backward schedules': the profile counts
     their matmul units and reads their binaries by these names."""
     from cs336_systems.kernels import flash_gluon
-    from cs336_systems.kernels.flash_gluon.backward import _BACKWARD_KERNELS
     from cs336_systems.kernels.flash_gluon.forward import _FORWARD_KERNELS
+    from cs336_systems.kernels.flash_gluon.tiles import _BACKWARD_KERNELS
     forward = {_FORWARD_KERNELS[kernel].__name__
                for kernel in flash_gluon.SCHEDULES.values()}
     backward = {_BACKWARD_KERNELS[kernel].__name__

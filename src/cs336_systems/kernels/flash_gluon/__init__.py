@@ -70,10 +70,11 @@ and returns what ptxas allotted: registers, spilled bytes, shared memory. `TILES
 fastest configurations of `scripts/sweep_gluon.py` on an H200.
 
 The package, one idea a module: `common` (what every kernel shares: the tiles' layouts, the TMA
-rings, the programs' order, the masks), `forward` and `backward` (the kernels, a schedule each),
-`tiles` (each kernel's launch configuration and the schedules), `host` (descriptors, launch plans
-and `flash_gluon_forward` / `flash_gluon_backward`), `operators` (the custom operators and the
-autograd function) and `resources` (`compile_for_sm90`).
+rings, the programs' order, the masks), `forward` (the forward's kernels, a schedule each),
+`backward` (FlashAttention-2's backward kernels) and `backward_specialized` (the
+warp-specialized one), `tiles` (each kernel's launch configuration and the schedules), `host`
+(descriptors, launch plans and `flash_gluon_forward` / `flash_gluon_backward`), `operators` (the
+custom operators and the autograd function) and `resources` (`compile_for_sm90`).
 """
 
 from cs336_systems.kernels.flash_gluon.common import (

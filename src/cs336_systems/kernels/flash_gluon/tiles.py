@@ -5,9 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cs336_systems.kernels.flash_gluon.backward import _BACKWARD_KERNELS
+from cs336_systems.kernels.flash_gluon.backward import (
+    attention_delta_kernel, attention_dkdv_kernel, attention_dq_kernel,
+)
+from cs336_systems.kernels.flash_gluon.backward_specialized import (
+    attention_dkdv_specialized_kernel,
+)
 from cs336_systems.kernels.flash_gluon.forward import _FORWARD_KERNELS
 
+# the backward's kernels of KERNELS (the key-tile kernel with dQ added atomically or not)
+_BACKWARD_KERNELS = {"dq": attention_dq_kernel, "dkdv": attention_dkdv_kernel,
+                     "dkdv-atomic": attention_dkdv_kernel,
+                     "dkdv-specialized": attention_dkdv_specialized_kernel,
+                     "dkdv-paired": attention_dkdv_specialized_kernel,
+                     "delta": attention_delta_kernel}
 # the kernel each name of KERNELS runs
 _KERNEL_FUNCTIONS = {**_FORWARD_KERNELS, **_BACKWARD_KERNELS}
 
