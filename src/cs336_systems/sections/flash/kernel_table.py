@@ -17,10 +17,12 @@ import pandas as pd
 from cs336_systems.measure.timing import summarize
 from cs336_systems.records import read_record
 from cs336_systems.report import facts, tables
-from cs336_systems.report.render import fmt
+from cs336_systems.report.render import fmt, fmt_ratio
+from cs336_systems.sections.flash.targets import GROUPS, GRAPH_METRICS, TARGETS
 from cs336_systems.sections.flash.kernel_variants import (
     GLUON_KERNELS,
     NEEDED,
+    SUSTAINED_PASSES,
     VARIANTS,
     variant_label,
 )
@@ -199,43 +201,57 @@ def gluon_facts(passes: dict, binaries: dict) -> dict | None:
     return out or None
 
 
+def _clock_versus(ours: dict, reference: dict) -> dict:
+    """One sustained run against another's: the time (`speedup`, ratio = reference / ours),
+    the clock (ours / reference) and the cycles a step (ms x MHz, ours / reference), which
+    split the time's ratio into work and clock."""
+    clock = ours["sm_clock_mhz_median"] / reference["sm_clock_mhz_median"]
+    return {"time": facts.speedup(ours["ms"], reference["ms"]), "clock_ratio": clock,
+            "clock_word": "lower" if clock < 1 else "higher" if clock > 1 else "the same",
+            "cycles_ratio": ours["ms"] * ours["sm_clock_mhz_median"] / (
+                reference["ms"] * reference["sm_clock_mhz_median"])}
+
+
+def sustained_runs(record: dict) -> dict[tuple[str, str], dict]:
+    """(variant, pass) -> its sustained run (`kernel_timings.sustained`) where the GPU was
+    sampled; a record from before the forward alone ran that way has forward+backward ones."""
+    return {(r["variant"], r.get("pass", SUSTAINED_PASSES[0])): r
+            for r in record["metrics"].get("sustained", [])
+            if r.get("sm_clock_mhz_median") is not None}
+
+
 def sustained_facts(record: dict) -> dict | None:
     """The variants' steps run back to back (`kernel_timings.sustained`), where the GPU was
-    sampled: the table (ms a step, SM clock and power, medians, and the share of samples whose
-    clock the power limit held back); whether every variant ran power-capped (most samples);
-    and ours and the Gluon kernels against cuDNN: the time (`speedup`, ratio = cuDNN / ours),
-    the clock (ours / cuDNN) and the cycles a step (ms x MHz, ours / cuDNN), which split the
-    time's ratio into work and clock."""
-    runs = [r for r in record["metrics"].get("sustained", [])
-            if r.get("sm_clock_mhz_median") is not None]
+    sampled: the table (pass by pass, ms a step, SM clock and power, medians, and the share of
+    samples whose clock the power limit held back); and for each pass whether every variant ran
+    power-capped (most samples), and ours and the Gluon kernels against cuDNN
+    (`_clock_versus`)."""
+    runs = sustained_runs(record)
     if not runs:
         return None
-    by_variant = {r["variant"]: r for r in runs}
     table = pd.DataFrame([{
-        "implementation": variant_label(r["variant"]), "ms a step": fmt(r["ms"], 3),
+        "implementation": variant_label(variant), "pass": pass_name, "ms a step": fmt(r["ms"], 3),
         "SM clock, MHz": fmt(r["sm_clock_mhz_median"], 0),
         "power, W": fmt(r["power_w_median"], 0),
-        "samples power-capped, %": fmt(100 * r["power_capped_share"], 0)} for r in runs])
-    reference = by_variant.get(REFERENCE)
-    versus = []
-    for variant in (GLUON, OURS):
-        ours = by_variant.get(variant)
-        if ours is None or reference is None:
+        "samples power-capped, %": fmt(100 * r["power_capped_share"], 0)}
+        for (variant, pass_name), r in runs.items()])
+    passes = []
+    for pass_name in SUSTAINED_PASSES:
+        group = [r for (_, p), r in runs.items() if p == pass_name]
+        if not group:
             continue
-        clock = ours["sm_clock_mhz_median"] / reference["sm_clock_mhz_median"]
-        clock_word = "lower" if clock < 1 else "higher" if clock > 1 else "the same"
-        cycles = ours["ms"] * ours["sm_clock_mhz_median"] / (
-            reference["ms"] * reference["sm_clock_mhz_median"])
-        versus.append({"label": variant_label(variant),
-                       "time": facts.speedup(ours["ms"], reference["ms"]),
-                       "clock_ratio": clock, "clock_word": clock_word,
-                       "cycles_ratio": cycles})
+        reference = runs.get((REFERENCE, pass_name))
+        passes.append({
+            "pass": pass_name, "variants": len(group),
+            "power_capped": sum(r["power_capped_share"] > 0.5 for r in group),
+            "versus": [{"label": variant_label(variant),
+                        **_clock_versus(runs[variant, pass_name], reference)}
+                       for variant in (GLUON, OURS)
+                       if reference is not None and (variant, pass_name) in runs]})
     return {"table": tables.to_markdown(table), "seconds": record["config"].get("sustain_s"),
-            "variants": len(runs),
-            "power_capped": sum(r["power_capped_share"] > 0.5 for r in runs),
-            "power_limit_w": max(r["power_limit_w"] for r in runs),
-            "clock_max_mhz": max(r["sm_clock_mhz_max"] for r in runs),
-            "versus": versus}
+            "power_limit_w": max(r["power_limit_w"] for r in runs.values()),
+            "clock_max_mhz": max(r["sm_clock_mhz_max"] for r in runs.values()),
+            "passes": passes}
 
 
 def shape_facts(record: dict) -> dict:
@@ -284,3 +300,47 @@ def kernel_facts(record_paths: list[str], csv: str) -> dict:
             "reference_label": variant_label(REFERENCE), "peer_label": variant_label(PEER),
             "gluon_label": variant_label(GLUON),
             "needed": NEEDED}
+
+
+# the speed targets' metrics that time a forward alone (eager, and replayed from a CUDA graph)
+FORWARD_METRICS = ("forward_ms", GRAPH_METRICS["forward_ms"])
+
+
+def clock_bounds(speed: pd.DataFrame, record_paths: list[str]) -> list[dict]:
+    """What a missed target (not a stretch one) of a forward alone misses by, where the kernel
+    profile ran both its
+    implementations at the target's shape: one entry per (shape, target's bound), with the
+    missed rows (`missed`: title and ratio) and, against the reference, the forward's device
+    time in the profiled steps (`burst`, ours / reference) and its run back to back (`time`,
+    `clock`, `cycles`, `_clock_versus`'s ratios as ours / reference). `held_by`: `clock` where
+    the cycles a step meet the bound and the time back to back does not (the clock the power
+    limit held is what misses), `cycles` where the cycles miss it too (the kernels' work), `met`
+    where the run back to back meets it (the speed table's rounds differ from it)."""
+    records = {_shape(r): r for r in map(read_record, record_paths) if r["status"] == "ok"}
+    missed = speed[(speed["status"] == "ok") & (speed["meets_target"] == False)]  # noqa: E712
+    by_key = {t.key: t for t in TARGETS}
+    found: dict[tuple, dict] = {}
+    for _, row in missed.iterrows():
+        target = by_key[row["target"]]
+        ours, reference = target.ours, target.reference
+        record = records.get(row["shape"])
+        if (GROUPS[target.group].metric not in FORWARD_METRICS or reference is None
+                or target.stretch or ours.compiled or reference.compiled or record is None):
+            continue
+        passes, runs = pass_rows(record), sustained_runs(record)
+        keys = [(v, "forward") for v in (ours.name, reference.name)]
+        if not all(k in passes and k in runs for k in keys):
+            continue
+        versus = _clock_versus(runs[keys[0]], runs[keys[1]])
+        time = 1 / versus["time"]["ratio"]
+        held_by = ("met" if target.meets(time) else
+                   "clock" if target.meets(versus["cycles_ratio"]) else "cycles")
+        entry = found.setdefault((row["shape"], row["target_text"]), {
+            "shape": row["shape"], "target": row["target_text"], "missed": [],
+            "reference": reference.label,
+            "burst": passes[keys[0]]["ms"] / passes[keys[1]]["ms"], "time": time,
+            "clock": versus["clock_ratio"], "cycles": versus["cycles_ratio"],
+            "held_by": held_by, "seconds": record["config"].get("sustain_s")})
+        entry["missed"].append({"title": row["title"], "ratio": row["compared"],
+                                "shown": f"{row['title']} ({fmt_ratio(row['compared'])})"})
+    return list(found.values())

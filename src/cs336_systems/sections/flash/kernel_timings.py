@@ -15,7 +15,8 @@ Then each variant runs its steps back to back for `sustain_s` seconds, after an 
 `measure.gpu_state` samples the GPU's clock and power (`sustained`): the profiled steps, each
 followed by a synchronisation, run in bursts that a board under its power cap can take at a
 higher clock than it holds through a sustained run, and a kernel that does more work a step
-spends more energy, which under the cap is time.
+spends more energy, which under the cap is time. The forward alone runs the same way after the
+forward+backward (`SUSTAINED_PASSES`): the speed targets time it back to back.
 
 Before any of it, the job measures its own ceiling: the TFLOP/s of a large bf16 matrix product
 (`measure.ceilings`), against which a kernel's executed rate says how far its tensor cores are
@@ -39,6 +40,7 @@ from cs336_systems.sections.flash.kernel_variants import (
     GLUON_KERNELS,
     MATMULS,
     NEEDED,
+    SUSTAINED_PASSES,
     VARIANTS,
     kernel_pass,
     occupancy,
@@ -96,7 +98,8 @@ def _attend(attention: str, atomic: bool):
 def profile_variants(shape, dtype: torch.dtype, causal: bool, steps: int,
                      device: torch.device) -> tuple[list[dict], list[dict], dict]:
     """(kernels, variants, runs): each kernel's time per step by variant, each variant's status,
-    and the step of each variant that ran."""
+    and for each variant that ran its steps by pass of SUSTAINED_PASSES (its forward+backward,
+    the profiled one, and its forward alone)."""
     q, k, v, grad_o = attention_inputs(shape, dtype, device)
     runs, variants = {}, []
     for variant, (attention, atomic) in VARIANTS.items():
@@ -107,18 +110,21 @@ def profile_variants(shape, dtype: torch.dtype, causal: bool, steps: int,
 
         def step(attend=attend):  # gradients returned, not added into .grad
             torch.autograd.grad(attend(q, k, v, causal), (q, k, v), grad_o)
+
+        def forward(attend=attend):
+            attend(q, k, v, causal)
         for _ in range(WARMUP):
             step()
-        runs[variant] = step
+        runs[variant] = dict(zip(SUSTAINED_PASSES, (step, forward)))
         variants.append({"variant": variant, "status": "ok"})
     synchronize(device)
     step_names = [f"step {i}" for i in range(steps)]
     with capture(device) as prof:
-        for variant, step in runs.items():
+        for variant, steps_by_pass in runs.items():
             with torch.profiler.record_function(variant):
                 for name in step_names:
                     with torch.profiler.record_function(name):
-                        step()
+                        steps_by_pass[SUSTAINED_PASSES[0]]()
                         synchronize(device)
     events = trace_events(prof)
     rows = [row for row in kernel_table(events, {"variant": list(runs), "step": step_names})
@@ -127,11 +133,13 @@ def profile_variants(shape, dtype: torch.dtype, causal: bool, steps: int,
 
 
 def sustained(runs: dict, seconds: float, device: torch.device) -> list[dict]:
-    """Each variant's steps back to back for `seconds` (in batches of SUSTAINED_BATCH, whole
-    batches), after IDLE_S of idle: its wall milliseconds a step, and the GPU's clock and power
-    over the run (`GpuSampler`; where nvidia-smi cannot sample, the reason in `gpu_state`)."""
+    """Each variant's steps of each pass (`runs`: variant -> pass -> step) back to back for
+    `seconds` (in batches of SUSTAINED_BATCH, whole batches), after IDLE_S of idle, pass by pass
+    (SUSTAINED_PASSES): its wall milliseconds a step, and the GPU's clock and power over the run
+    (`GpuSampler`; where nvidia-smi cannot sample, the reason in `gpu_state`)."""
     out = []
-    for variant, step in runs.items():
+    for pass_name, variant in ((p, v) for p in SUSTAINED_PASSES for v in runs):
+        step = runs[variant][pass_name]
         time.sleep(IDLE_S)
         steps = 0
         with GpuSampler(device) as sampler:
@@ -142,7 +150,8 @@ def sustained(runs: dict, seconds: float, device: torch.device) -> list[dict]:
                 synchronize(device)
                 steps += SUSTAINED_BATCH
             elapsed = time.perf_counter() - start
-        out.append({"variant": variant, "steps": steps, "ms": elapsed / steps * 1e3,
+        out.append({"variant": variant, "pass": pass_name, "steps": steps,
+                    "ms": elapsed / steps * 1e3,
                     **sampler.metrics(), **({"gpu_state": sampler.reason} if sampler.reason
                                             else {})})
     return out

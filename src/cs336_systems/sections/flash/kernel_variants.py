@@ -23,6 +23,9 @@ VARIANTS = {"flash-triton": ("flash-triton", False),
             "sdpa-flash": ("sdpa-flash", False),
             "fa4": ("fa4", False)}  # FlashAttention-4, where installed
 NEEDED = {"forward": 2, "backward": 5}  # matmul units each pass needs
+# what the profile's sustained runs run (`kernel_timings.sustained`), in order: a variant's
+# forward+backward, then its forward alone (what the speed targets of the forward time)
+SUSTAINED_PASSES = ("forward+backward", "forward")
 # matmul units each of our kernels executes per forward+backward: see kernels/flash_triton.py
 OUR_MATMULS = {"flash_fwd_kernel": 2, "flash_bwd_dq_kernel": 3, "flash_bwd_prepare_kernel": 0,
                "flash_bwd_kernel": 4}

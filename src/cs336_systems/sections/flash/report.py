@@ -424,6 +424,7 @@ def build(records: dict[str, list[str]], options: dict, outputs: dict[str, str])
                     "speed": commits(speed, "commit"), "kernels": commits(kernels, "commit")},
         "flops": {"pass_factors": PASS_FLOPS, "causal_fraction": CAUSAL_FRACTION},
         "speed": {**speed_table.speed_facts(speed, records["speed"]),
+                  "clock_bounds": kernel_table.clock_bounds(speed, records["kernels"]),
                   "csv": outputs["speed_table"]},
         "kernels": kernel_table.kernel_facts(records["kernels"], outputs["kernels_table"]),
         "coverage": coverage(table, board, assignment),
