@@ -310,6 +310,10 @@ def test_the_profile_names_every_gluon_kernel_flash_gluon_runs():
     assert set(kernel_variants.GLUON_KERNELS["forward"]) == forward
     assert set(kernel_variants.GLUON_KERNELS["backward"]) == backward
     assert set(kernel_variants.GLUON_MATMULS) == forward | backward
+    # the job reads their binaries through the package's public names (on a GPU, at its end:
+    # a name it could not find there failed the whole profile)
+    from cs336_systems.sections.flash import kernel_timings
+    assert {fn.__name__ for fn in kernel_timings.gluon_kernels(flash_gluon)} == forward | backward
 
 
 def test_sustained_runs_split_the_time_into_clock_and_cycles(tmp_path):

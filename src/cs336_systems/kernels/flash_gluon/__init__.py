@@ -100,6 +100,7 @@ from cs336_systems.kernels.flash_gluon.tiles import (
     BACKWARD_SCHEDULES,
     DEFAULT_BACKWARD_SCHEDULES,
     DEFAULT_SCHEDULES,
+    KERNEL_FUNCTIONS,
     KERNELS,
     SCHEDULES,
     SPILLED_BYTES,
@@ -110,7 +111,8 @@ from cs336_systems.kernels.flash_gluon.tiles import (
 )
 
 __all__ = [
-    "BACKWARD_SCHEDULES", "DEFAULT_BACKWARD_SCHEDULES", "DEFAULT_SCHEDULES", "KERNELS",
+    "BACKWARD_SCHEDULES", "DEFAULT_BACKWARD_SCHEDULES", "DEFAULT_SCHEDULES", "KERNEL_FUNCTIONS",
+    "KERNELS",
     "L2_KV_BYTES", "LOADER_WARPS", "SCHEDULES", "SPILLED_BYTES", "SUPPORTED_HEAD_DIMS", "TILES",
     "FlashAttentionGluon", "Tiles", "check_inputs", "compile_for_sm90", "default_backward_schedule",
     "default_schedule", "flash_gluon_backward", "flash_gluon_bwd", "flash_gluon_fwd",

@@ -17,7 +17,7 @@ from cs336_systems.kernels.flash_gluon.common import (
     GL_DTYPES, LOG2_E, SUPPORTED_HEAD_DIMS, _DESCRIBED, _block_rows, head_split,
 )
 from cs336_systems.kernels.flash_gluon.tiles import (
-    BACKWARD_SCHEDULES, SCHEDULES, TILES, Tiles, _KERNEL_FUNCTIONS, _O_BY_TMA, _QUERY_TILE_KERNELS,
+    BACKWARD_SCHEDULES, SCHEDULES, TILES, Tiles, KERNEL_FUNCTIONS, _O_BY_TMA, _QUERY_TILE_KERNELS,
     _SPLIT_D_KERNELS, default_backward_schedule, default_schedule,
 )
 from cs336_systems.kernels.launch import DeviceAddress, Launch, direct
@@ -169,7 +169,7 @@ def _launch(kernel: str, shape: tuple[int, int, int], is_causal: bool, *args) ->
     """Launches one of KERNELS over (heads, seq, d) rows with `args`, in its TILES as they are
     now (a sweep changes them), with its plan's grid and keyword arguments."""
     plan = _launch_plan(kernel, *shape, is_causal, TILES[kernel][shape[2]])
-    direct(_KERNEL_FUNCTIONS[kernel])[plan.grid](*args, **plan.kwargs)
+    direct(KERNEL_FUNCTIONS[kernel])[plan.grid](*args, **plan.kwargs)
 
 
 def _operands(kernel: str, d: int, *rows: Tensor) -> list:

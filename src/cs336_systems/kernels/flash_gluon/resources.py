@@ -20,7 +20,7 @@ from cs336_systems.kernels.flash_gluon.host import (
     _ACCUMULATOR_LAYOUT, _constants, _dq_columns, _shared_layout,
 )
 from cs336_systems.kernels.flash_gluon.tiles import (
-    KERNELS, TILES, Tiles, _KERNEL_FUNCTIONS, _O_BY_TMA, _SPLIT_D_KERNELS,
+    KERNELS, TILES, Tiles, KERNEL_FUNCTIONS, _O_BY_TMA, _SPLIT_D_KERNELS,
 )
 
 
@@ -94,7 +94,7 @@ def _resource_usage(kernel: str, d: int, is_causal: bool, tiles: Tiles,
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = _KERNEL_FUNCTIONS[kernel]
+    fn = KERNEL_FUNCTIONS[kernel]
     arguments = _signature(kernel, d, tiles, dtype)
     constants = {**_constants(kernel, d, is_causal, tiles), "num_warps": tiles.num_warps,
                  **{name: None for name, kind in arguments.items() if kind == "constexpr"}}

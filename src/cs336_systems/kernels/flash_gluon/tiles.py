@@ -20,7 +20,7 @@ _BACKWARD_KERNELS = {"dq": attention_dq_kernel, "dkdv": attention_dkdv_kernel,
                      "dkdv-paired": attention_dkdv_specialized_kernel,
                      "delta": attention_delta_kernel}
 # the kernel each name of KERNELS runs
-_KERNEL_FUNCTIONS = {**_FORWARD_KERNELS, **_BACKWARD_KERNELS}
+KERNEL_FUNCTIONS = {**_FORWARD_KERNELS, **_BACKWARD_KERNELS}
 
 
 @dataclass(frozen=True)

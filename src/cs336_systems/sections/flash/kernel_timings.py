@@ -79,11 +79,17 @@ def binaries() -> dict[str, dict]:
         for binary, constants in direct(kernel).binaries.values():
             atomic = dict(zip(kernel.arg_names[-len(constants):], constants)).get("ATOMIC_DQ")
             out[kernel.__name__ + ("[atomic dQ]" if atomic else "")] = asks(binary)
-    for kernel in (getattr(flash_gluon, name) for names in GLUON_KERNELS.values()
-                   for name in names):
+    for kernel in gluon_kernels(flash_gluon):
         for binary, _ in direct(kernel).binaries.values():
             out[kernel.__name__] = asks(binary)
     return out
+
+
+def gluon_kernels(flash_gluon) -> list:
+    """The Gluon kernel functions that GLUON_KERNELS names, from the package's KERNEL_FUNCTIONS
+    (a function runs under several names of its KERNELS)."""
+    by_name = {fn.__name__: fn for fn in flash_gluon.KERNEL_FUNCTIONS.values()}
+    return [by_name[name] for names in GLUON_KERNELS.values() for name in names]
 
 
 def _attend(attention: str, atomic: bool):
