@@ -315,7 +315,8 @@ def clock_bounds(speed: pd.DataFrame, record_paths: list[str]) -> list[dict]:
     `clock`, `cycles`, `_clock_versus`'s ratios as ours / reference). `held_by`: `clock` where
     the cycles a step meet the bound and the time back to back does not (the clock the power
     limit held is what misses), `cycles` where the cycles miss it too (the kernels' work), `met`
-    where the run back to back meets it (the speed table's rounds differ from it)."""
+    where the run back to back meets it (the speed table's rounds differ from it). `peer`:
+    FlashAttention-4's forward back to back against the same reference, where it ran."""
     records = {_shape(r): r for r in map(read_record, record_paths) if r["status"] == "ok"}
     missed = speed[(speed["status"] == "ok") & (speed["meets_target"] == False)]  # noqa: E712
     by_key = {t.key: t for t in TARGETS}
@@ -335,12 +336,18 @@ def clock_bounds(speed: pd.DataFrame, record_paths: list[str]) -> list[dict]:
         time = 1 / versus["time"]["ratio"]
         held_by = ("met" if target.meets(time) else
                    "clock" if target.meets(versus["cycles_ratio"]) else "cycles")
+        peer = runs.get((PEER, "forward"))
         entry = found.setdefault((row["shape"], row["target_text"]), {
             "shape": row["shape"], "target": row["target_text"], "missed": [],
-            "reference": reference.label,
+            "reference": reference.label, "bound": target.bound,
             "burst": passes[keys[0]]["ms"] / passes[keys[1]]["ms"], "time": time,
             "clock": versus["clock_ratio"], "cycles": versus["cycles_ratio"],
-            "held_by": held_by, "seconds": record["config"].get("sustain_s")})
+            "held_by": held_by, "seconds": record["config"].get("sustain_s"),
+            # FlashAttention-4's forward run the same way, where it ran and is not the reference
+            "peer": {"label": variant_label(PEER), "time": peer["ms"] / runs[keys[1]]["ms"],
+                     "cycles": _clock_versus(peer, runs[keys[1]])["cycles_ratio"],
+                     "meets": target.meets(peer["ms"] / runs[keys[1]]["ms"])}
+            if peer is not None and PEER not in (ours.name, reference.name) else None})
         entry["missed"].append({"title": row["title"], "ratio": row["compared"],
                                 "shown": f"{row['title']} ({fmt_ratio(row['compared'])})"})
     return list(found.values())
