@@ -308,11 +308,11 @@ FORWARD_METRICS = ("forward_ms", GRAPH_METRICS["forward_ms"])
 
 def clock_bounds(speed: pd.DataFrame, record_paths: list[str]) -> list[dict]:
     """What a missed target (not a stretch one) of a forward alone misses by, where the kernel
-    profile ran both its
-    implementations at the target's shape: one entry per (shape, target's bound), with the
-    missed rows (`missed`: title and ratio) and, against the reference, the forward's device
-    time in the profiled steps (`burst`, ours / reference) and its run back to back (`time`,
-    `clock`, `cycles`, `_clock_versus`'s ratios as ours / reference). `held_by`: `clock` where
+    profile ran both its implementations at the target's shape from the target's row's commit
+    (the same code): one entry per (shape, target's bound), with the missed rows (`missed`:
+    title and ratio) and, against the reference, the forward's device time in the profiled
+    steps (`burst`, ours / reference) and its run back to back (`time`, `clock`, `cycles`,
+    `_clock_versus`'s ratios as ours / reference). `held_by`: `clock` where
     the cycles a step meet the bound and the time back to back does not (the clock the power
     limit held is what misses), `cycles` where the cycles miss it too (the kernels' work), `met`
     where the run back to back meets it (the speed table's rounds differ from it). `peer`:
@@ -326,7 +326,8 @@ def clock_bounds(speed: pd.DataFrame, record_paths: list[str]) -> list[dict]:
         ours, reference = target.ours, target.reference
         record = records.get(row["shape"])
         if (GROUPS[target.group].metric not in FORWARD_METRICS or reference is None
-                or target.stretch or ours.compiled or reference.compiled or record is None):
+                or target.stretch or ours.compiled or reference.compiled or record is None
+                or record["env"].get("git") != row["commit"]):
             continue
         passes, runs = pass_rows(record), sustained_runs(record)
         keys = [(v, "forward") for v in (ours.name, reference.name)]
