@@ -31,27 +31,73 @@ from cs336_systems.kernels.flash_gluon.common import (
 # the tile's dQ = dS K over all BLOCK_N keys and adds it to the fp32 accumulator (in its
 # threads' order, `_thread_order`) with one TMA bulk reduction: half the reductions of the
 # atomic schedule, whose programs own half the keys, and the consumers never wait for each
-# other. Barriers: kv_ready (K and V landed); q_ready and q_empty, a ring slot each (Q and dO
+# other (`specialized`). Or each consumer computes and adds half of dQ's columns itself, one
+# tile late (`paired`, `_paired_consumer`). Barriers: kv_ready (K and V landed); q_ready and q_empty, a ring slot each (Q and dO
 # landed; both consumers done with them); ds_ready and ds_free, a dS^T buffer each (both halves
 # written; the dQ warpgroup done with them).
 
 
 @gluon.jit
+def _issue_scores_t(my_k, my_v, q_tile, do_tile, zero):
+    """A consumer's S^T = K Q^T and dP^T = V dO^T for one walked tile, issued in that order."""
+    st = warpgroup_mma(my_k, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(my_v, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    return st, dpt
+
+
+@gluon.jit
+def _tile_gradients(st, dpt, q_tile, do_tile, dk, dv, lse_ptr, delta_ptr, lse_vec, delta_vec,
+                    head_row, start_n, my_start, start_m, seq, qk_scale, st_layout: gl.constexpr,
+                    op_layout: gl.constexpr, KEYS: gl.constexpr, BLOCK_M: gl.constexpr,
+                    CAUSAL: gl.constexpr, STATS_IN_SMEM: gl.constexpr):
+    """A consumer's share of one walked tile, its S^T and dP^T issued last (`_issue_scores_t`):
+    P^T once S^T is done, dS^T = P^T (dP^T - D) once dP^T is, then dV += P^T dO and dK += dS^T Q
+    issued from registers (not waited for). The logsumexp and D come from global memory, loaded
+    under the products, or with STATS_IN_SMEM from the ring slot's vectors (`lse_vec`,
+    `delta_vec`), read once the products that need them are done. start_n: the program's
+    first key; my_start: this consumer's. Returns (dv, dk, dS^T)."""
+    dtype: gl.constexpr = q_tile.dtype
+    # the program's tile (both consumers' keys) crosses the diagonal or the sequence's end;
+    # worked out here, under the products, rather than before they are issued (the paired
+    # backward took 0.98x its time so, and 1.00x with these before the wait for Q and dO)
+    needs_mask = _key_tile_masked(start_n, start_m, seq, BLOCK_M, 2 * KEYS, CAUSAL, True)
+    rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))   # queries
+    if STATS_IN_SMEM:
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        lse2 = lse_vec.load(gl.SliceLayout(0, st_layout)) * LOG2_E_GL
+    else:
+        lse2 = gl.load(lse_ptr + head_row + rows, mask=rows < seq, other=0.0) * LOG2_E_GL
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+    pt = _probabilities_t(st, lse2, my_start, start_m, seq, qk_scale, needs_mask, st_layout,
+                          KEYS, BLOCK_M, CAUSAL, True)
+    if STATS_IN_SMEM:
+        dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
+        delta = delta_vec.load(gl.SliceLayout(0, st_layout))
+    else:
+        delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
+        dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
+    dst = (pt * (dpt - delta[None, :])).to(dtype)
+    dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_tile, dv, is_async=True)
+    dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_tile, dk, is_async=True)
+    return dv, dk, dst
+
+
+@gluon.jit
+def _write_ds_t(ds_tile, dst, ds_ready, CONSUMER: gl.constexpr, KEYS: gl.constexpr):
+    """This consumer's dS^T rows into a tile's shared buffer, then its one arrival."""
+    ds_tile.slice(CONSUMER * KEYS, KEYS).store(dst)
+    fence_async_shared()
+    _barrier()                          # every thread's rows written before the one arrive
+    mbarrier.arrive(ds_ready, count=1)
+
+
+@gluon.jit
 def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                   DQ_WARPGROUP: gl.constexpr):
-    """Consumer CONSUMER (0 or 1): keys start_n + CONSUMER * BLOCK_N // 2 onwards, their dK and
-    dV over the walked query tiles (transposed products, as `_dkdv_tile`), and their rows of
-    each tile's dS^T, through two buffers in turn: for the dQ warpgroup (DQ_WARPGROUP), or, once
-    the other consumer's rows are there too, for this consumer's own half of dQ's columns, dS
-    times its half of K's, added to the fp32 accumulator by one TMA reduction (FlashAttention-3's
-    schedule at d 128, where a dQ warpgroup leaves the consumers too few registers). Without
-    the dQ warpgroup a buffer needs no release: a consumer writes it again two tiles on, past
-    the other's arrival at the tile between, which that one makes once its products of this
-    tile, dQ's among them, are done. Without it, too, the loader puts each tile's logsumexp and
-    D in shared memory beside its Q and dO (`lse_smem`, `delta_smem`), and a consumer reads them
-    in its scores' columns once the products that need them are done, so that they hold no
-    registers while S^T and dP^T are in flight: at d 128 the consumers have none to spare."""
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """Consumer CONSUMER (0 or 1) beside the dQ warpgroup (`specialized`): keys start_n +
+    CONSUMER * BLOCK_N // 2 onwards, their dK and dV over the walked query tiles (transposed
+    products, as `_dkdv_tile`), and their rows of each tile's dS^T for the dQ warpgroup,
+    through two buffers in turn, each written once the dQ warpgroup has read its last tile."""
     (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready, q_empty, ds_ready,
      ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, lse_smem, delta_smem, head_row,
      start_n, first, n_tiles, seq, qk_scale, sm_scale) = shared   # the kernel's `shared`
@@ -60,7 +106,6 @@ def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M
     st_layout: gl.constexpr = layouts[0]                            # ...the walked queries
     acc_layout: gl.constexpr = layouts[1]                           # ...d (dK, dV)
     op_layout: gl.constexpr = layouts[2]                            # P^T, dS^T as A operands
-    dtype: gl.constexpr = q_smem.dtype
     my_k = k_smem.slice(CONSUMER * KEYS, KEYS)
     my_v = v_smem.slice(CONSUMER * KEYS, KEYS)
     my_start = start_n + CONSUMER * KEYS
@@ -72,49 +117,95 @@ def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M
     for j in range(n_tiles):
         slot = j % STAGES
         buf = j % 2
-        start_m = (first + j) * BLOCK_M
-        needs_mask = _key_tile_masked(start_n, start_m, seq, BLOCK_M, BLOCK_N, CAUSAL, True)
-        rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))   # queries
         q_tile = q_smem.index(slot)
         do_tile = do_smem.index(slot)
         mbarrier.wait(q_ready.index(slot), (j // STAGES) & 1)
-        st = warpgroup_mma(my_k, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-        dpt = warpgroup_mma(my_v, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
-        if DQ_WARPGROUP:
-            lse2 = gl.load(lse_ptr + head_row + rows, mask=rows < seq, other=0.0) * LOG2_E_GL
-            st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
-        else:
-            st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
-            lse2 = lse_smem.index(slot).load(gl.SliceLayout(0, st_layout)) * LOG2_E_GL
-        pt = _probabilities_t(st, lse2, my_start, start_m, seq, qk_scale, needs_mask, st_layout,
-                              KEYS, BLOCK_M, CAUSAL, True)
-        if DQ_WARPGROUP:
-            delta = gl.load(delta_ptr + head_row + rows, mask=rows < seq, other=0.0)
-            dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
-        else:
-            dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
-            delta = delta_smem.index(slot).load(gl.SliceLayout(0, st_layout))
-        dst = (pt * (dpt - delta[None, :])).to(dtype)
-        dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_tile, dv,
-                           is_async=True)
-        dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_tile, dk, is_async=True)
-        # this consumer's dS^T rows into the tile's buffer, once the dQ warpgroup has read the
-        # buffer's last tile (two tiles ago); the dQ warpgroup takes it from there
-        if DQ_WARPGROUP:
-            mbarrier.wait(ds_free.index(buf), ((j // 2) & 1) ^ 1)
-        ds_smem.index(buf).slice(CONSUMER * KEYS, KEYS).store(dst)
-        fence_async_shared()
-        _barrier()                      # every thread's rows written before the one arrive
-        mbarrier.arrive(ds_ready.index(buf), count=1)
-        if not DQ_WARPGROUP:
-            _dq_half(k_smem, ds_smem.index(buf), dq_smem, ds_ready.index(buf), dq_desc,
-                     _dq_block(seq, first + j, BLOCK_M), (j // 2) & 1, sm_scale, CONSUMER,
-                     HEAD_D, BLOCK_M)
+        st, dpt = _issue_scores_t(my_k, my_v, q_tile, do_tile, zero)
+        dv, dk, dst = _tile_gradients(st, dpt, q_tile, do_tile, dk, dv, lse_ptr, delta_ptr,
+                                      None, None, head_row, start_n, my_start,
+                                      (first + j) * BLOCK_M, seq, qk_scale, st_layout,
+                                      op_layout, KEYS, BLOCK_M, CAUSAL, False)
+        mbarrier.wait(ds_free.index(buf), ((j // 2) & 1) ^ 1)
+        _write_ds_t(ds_smem.index(buf), dst, ds_ready.index(buf), CONSUMER, KEYS)
         dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
         mbarrier.arrive(q_empty.index(slot), count=1)
 
-    if not DQ_WARPGROUP:
-        tma.store_wait(0)               # the last reduction has read this consumer's buffer
+    _store_rows(dk_ptr, dk * sm_scale, head_row, my_start, seq, acc_layout, HEAD_D, KEYS)
+    _store_rows(dv_ptr, dv, head_row, my_start, seq, acc_layout, HEAD_D, KEYS)
+
+
+@gluon.jit
+def _paired_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                     CAUSAL: gl.constexpr):
+    """Consumer CONSUMER (0 or 1) of the paired schedule (FlashAttention-3's at d 128, where a
+    dQ warpgroup leaves the consumers too few registers): its keys' dK and dV as
+    `_dkdv_consumer`'s, and its half of each tile's dQ columns, dS K over all the program's
+    keys once both consumers' dS^T rows are in the tile's buffer, added to the fp32
+    accumulator by one TMA reduction (`_dq_store`). A tile's dQ is issued one tile late, with
+    the next tile's S^T, and stored while S^T runs: by then the other consumer's rows are
+    almost always there, so the consumers seldom wait for each other, and the tensor cores have
+    work while dQ goes out (0.98x the backward's time at 16 x 4096 to 16384 x 128 on an H200,
+    where dQ waited for both halves and was stored with nothing in flight; docs/measurements.md).
+    A buffer needs no release: a consumer writes it again two tiles on, past the other's
+    arrival at the tile between, which that one makes once its dQ of this tile is done. The loader puts each tile's logsumexp and D in shared memory beside
+    its Q and dO (`lse_smem`, `delta_smem`), read once the products that need them are done,
+    so that they hold no registers while S^T and dP^T are in flight."""
+    (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_ready, q_ready, q_empty, ds_ready,
+     ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, lse_smem, delta_smem, head_row,
+     start_n, first, n_tiles, seq, qk_scale, sm_scale) = shared   # the kernel's `shared`
+    KEYS: gl.constexpr = BLOCK_N // 2
+    layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, HEAD_D, 4)
+    st_layout: gl.constexpr = layouts[0]
+    acc_layout: gl.constexpr = layouts[1]
+    op_layout: gl.constexpr = layouts[2]
+    my_k = k_smem.slice(CONSUMER * KEYS, KEYS)
+    my_v = v_smem.slice(CONSUMER * KEYS, KEYS)
+    my_start = start_n + CONSUMER * KEYS
+    zero = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)
+    dk = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
+    dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
+    mbarrier.wait(kv_ready, 0)
+
+    # the first tile: no dQ before it
+    mbarrier.wait(q_ready.index(0), 0)
+    st, dpt = _issue_scores_t(my_k, my_v, q_smem.index(0), do_smem.index(0), zero)
+    dv, dk, dst = _tile_gradients(st, dpt, q_smem.index(0), do_smem.index(0), dk, dv, lse_ptr,
+                                  delta_ptr, lse_smem.index(0), delta_smem.index(0), head_row,
+                                  start_n, my_start, first * BLOCK_M, seq, qk_scale, st_layout,
+                                  op_layout, KEYS, BLOCK_M, CAUSAL, True)
+    _write_ds_t(ds_smem.index(0), dst, ds_ready.index(0), CONSUMER, KEYS)
+    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    mbarrier.arrive(q_empty.index(0), count=1)
+    # tiles 1 ..: the last tile's dQ and this tile's S^T issued, the last tile's dQ stored while
+    # S^T runs, then this tile's dP^T and the rest (every product waited for within its tile:
+    # ptxas serializes the wgmmas of a loop whose products stay in flight across iterations)
+    for j in range(1, n_tiles):
+        slot = j % STAGES
+        q_tile = q_smem.index(slot)
+        do_tile = do_smem.index(slot)
+        mbarrier.wait(q_ready.index(slot), (j // STAGES) & 1)
+        dq = _dq_product(k_smem, ds_smem.index((j - 1) % 2), ds_ready.index((j - 1) % 2),
+                         ((j - 1) // 2) & 1, CONSUMER, HEAD_D, BLOCK_M)
+        st = warpgroup_mma(my_k, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq,))
+        _dq_store(dq, dq_smem, dq_desc, _dq_block(seq, first + j - 1, BLOCK_M), sm_scale,
+                  CONSUMER, HEAD_D, BLOCK_M)
+        dpt = warpgroup_mma(my_v, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+        dv, dk, dst = _tile_gradients(st, dpt, q_tile, do_tile, dk, dv, lse_ptr, delta_ptr,
+                                      lse_smem.index(slot), delta_smem.index(slot), head_row,
+                                      start_n, my_start, (first + j) * BLOCK_M, seq, qk_scale,
+                                      st_layout, op_layout, KEYS, BLOCK_M, CAUSAL, True)
+        _write_ds_t(ds_smem.index(j % 2), dst, ds_ready.index(j % 2), CONSUMER, KEYS)
+        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        mbarrier.arrive(q_empty.index(slot), count=1)
+    # the last tile's dQ
+    dq = _dq_product(k_smem, ds_smem.index((n_tiles - 1) % 2), ds_ready.index((n_tiles - 1) % 2),
+                     ((n_tiles - 1) // 2) & 1, CONSUMER, HEAD_D, BLOCK_M)
+    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+    _dq_store(dq, dq_smem, dq_desc, _dq_block(seq, first + n_tiles - 1, BLOCK_M), sm_scale,
+              CONSUMER, HEAD_D, BLOCK_M)
+    tma.store_wait(0)                   # the last reduction has read this consumer's buffer
     _store_rows(dk_ptr, dk * sm_scale, head_row, my_start, seq, acc_layout, HEAD_D, KEYS)
     _store_rows(dv_ptr, dv, head_row, my_start, seq, acc_layout, HEAD_D, KEYS)
 
@@ -142,19 +233,25 @@ def _dq_block(seq, tile, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def _dq_half(k_smem, ds_tile, dq_smem, ds_ready, dq_desc, block, phase, sm_scale,
-             CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr):
-    """A consumer's half of a tile's dQ columns: once both consumers' dS^T rows are in
-    `ds_tile`, dS K over all the program's keys and this consumer's HEAD_D // 2 columns of K,
-    added to the tile's `block` of the fp32 accumulator, this consumer's half of it, by one TMA
-    reduction from the consumer's own buffer (`_thread_order`)."""
+def _dq_product(k_smem, ds_tile, ds_ready, phase, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr,
+                BLOCK_M: gl.constexpr):
+    """A consumer's half of a tile's dQ columns, issued once both consumers' dS^T rows are in
+    `ds_tile`: dS K over all the program's keys and this consumer's HEAD_D // 2 columns of K."""
     HALF: gl.constexpr = HEAD_D // 2
     acc_layout: gl.constexpr = _wgmma_layouts(BLOCK_M, HALF, 4)[1]
     mbarrier.wait(ds_ready, phase)
-    dq = warpgroup_mma(ds_tile.permute((1, 0)), k_smem.slice(CONSUMER * HALF, HALF, dim=1),
-                       gl.zeros([BLOCK_M, HALF], gl.float32, acc_layout), use_acc=False,
-                       is_async=True)
-    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+    return warpgroup_mma(ds_tile.permute((1, 0)), k_smem.slice(CONSUMER * HALF, HALF, dim=1),
+                         gl.zeros([BLOCK_M, HALF], gl.float32, acc_layout), use_acc=False,
+                         is_async=True)
+
+
+@gluon.jit
+def _dq_store(dq, dq_smem, dq_desc, block, sm_scale, CONSUMER: gl.constexpr,
+              HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr):
+    """A consumer's half of a tile's dQ (`_dq_product`, done), added to the tile's `block` of
+    the fp32 accumulator, this consumer's half of it, by one TMA reduction from the consumer's
+    own buffer (`_thread_order`)."""
+    HALF: gl.constexpr = HEAD_D // 2
     my_dq = dq_smem.index(CONSUMER)
     tma.store_wait(0)                   # this consumer's last reduction has read its buffer
     my_dq.store(_thread_order(dq * sm_scale, BLOCK_M, HALF))
@@ -278,16 +375,16 @@ def attention_dkdv_specialized_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, 
              q_empty, head_row, start_n, first, n_tiles, BLOCK_M, STAGES)
     if DQ_WARPGROUP:
         gl.warp_specialize([
-            (_dkdv_consumer, (shared, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, True)),
-            (_dkdv_consumer, (shared, 1, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, True)),
+            (_dkdv_consumer, (shared, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+            (_dkdv_consumer, (shared, 1, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
             (_dkdv_load_partition, loads),
             (_dq_partition, (k_smem, ds_smem, dq_smem, kv_ready, ds_ready, ds_free, dq_desc,
                              seq, first, n_tiles, sm_scale, HEAD_D, BLOCK_M)),
         ], [num_warps, LOADER_WARPS, 4], [CONSUMER_REGISTERS, LOADER_REGISTERS, DQ_REGISTERS])
     else:
         gl.warp_specialize([
-            (_dkdv_consumer, (shared, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, False)),
-            (_dkdv_consumer, (shared, 1, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, False)),
+            (_paired_consumer, (shared, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+            (_paired_consumer, (shared, 1, HEAD_D, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
             (_dkdv_load_partition, loads + (lse_ptr, delta_ptr, lse_smem, delta_smem, seq)),
         ], [num_warps, LOADER_WARPS], [PINGPONG_REGISTERS, LOADER_REGISTERS])
 
