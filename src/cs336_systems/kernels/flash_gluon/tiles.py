@@ -166,7 +166,11 @@ TILES = {
 # three-consumer forward at d 64, whose consumers keep 160 registers a thread. ptxas keeps the
 # mask's key columns out of registers, stored once a program and reloaded only in the tiles that
 # take the mask (40 bytes under Triton 3.6, 80 under 3.9); the times above include them
-SPILLED_BYTES = {("forward-pingpong", 64): 80}
+SPILLED_BYTES = {("forward-pingpong", 64): 80,
+                 # the paired backward, whose consumers keep 240: none under Triton 3.6 (the
+                 # H200's, where its dQ one tile late was measured); under 3.9 ptxas keeps ten
+                 # or so of the loop's scalars (addresses) on the stack, reloaded once a tile
+                 ("dkdv-paired", 128): 112}
 # d 80 and 96 (`head_split`: 64 columns and a rest) take d 128's tiles, in the kernels that take
 # them (`_SPLIT_D_KERNELS`, the waited forward and the split backward). Replayed from CUDA graphs
 # on an H200, the step (forward and backward) at d 128's forward and dQ tiles took 0.852x and
