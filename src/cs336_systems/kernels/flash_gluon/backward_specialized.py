@@ -38,21 +38,6 @@ from cs336_systems.kernels.flash_gluon.common import (
 
 
 @gluon.jit
-def _consumer_start(k_smem, v_smem, kv_ready, start_n, CONSUMER: gl.constexpr,
-                    HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """A consumer's keys (its half of the program's K and V tiles, from key my_start), the
-    zeros its S^T and dP^T start from, and its dK and dV at zero, once K and V have landed."""
-    KEYS: gl.constexpr = BLOCK_N // 2
-    layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, HEAD_D, 4)
-    zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layouts[0])
-    dk = gl.zeros([KEYS, HEAD_D], gl.float32, layouts[1])
-    dv = gl.zeros([KEYS, HEAD_D], gl.float32, layouts[1])
-    mbarrier.wait(kv_ready, 0)
-    return (k_smem.slice(CONSUMER * KEYS, KEYS), v_smem.slice(CONSUMER * KEYS, KEYS),
-            start_n + CONSUMER * KEYS, zero, dk, dv)
-
-
-@gluon.jit
 def _issue_scores_t(my_k, my_v, q_tile, do_tile, zero):
     """A consumer's S^T = K Q^T and dP^T = V dO^T for one walked tile, issued in that order."""
     st = warpgroup_mma(my_k, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -121,8 +106,13 @@ def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M
     st_layout: gl.constexpr = layouts[0]                            # ...the walked queries
     acc_layout: gl.constexpr = layouts[1]                           # ...d (dK, dV)
     op_layout: gl.constexpr = layouts[2]                            # P^T, dS^T as A operands
-    my_k, my_v, my_start, zero, dk, dv = _consumer_start(k_smem, v_smem, kv_ready, start_n,
-                                                         CONSUMER, HEAD_D, BLOCK_M, BLOCK_N)
+    my_k = k_smem.slice(CONSUMER * KEYS, KEYS)
+    my_v = v_smem.slice(CONSUMER * KEYS, KEYS)
+    my_start = start_n + CONSUMER * KEYS
+    zero = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)
+    dk = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
+    dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
+    mbarrier.wait(kv_ready, 0)
 
     for j in range(n_tiles):
         slot = j % STAGES
@@ -165,12 +155,17 @@ def _paired_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr,
      ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, lse_smem, delta_smem, head_row,
      start_n, first, n_tiles, seq, qk_scale, sm_scale) = shared   # the kernel's `shared`
     KEYS: gl.constexpr = BLOCK_N // 2
-    layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, HEAD_D, 4)     # as `_dkdv_consumer`'s
+    layouts: gl.constexpr = _wgmma_layouts(BLOCK_M, HEAD_D, 4)
     st_layout: gl.constexpr = layouts[0]
     acc_layout: gl.constexpr = layouts[1]
     op_layout: gl.constexpr = layouts[2]
-    my_k, my_v, my_start, zero, dk, dv = _consumer_start(k_smem, v_smem, kv_ready, start_n,
-                                                         CONSUMER, HEAD_D, BLOCK_M, BLOCK_N)
+    my_k = k_smem.slice(CONSUMER * KEYS, KEYS)
+    my_v = v_smem.slice(CONSUMER * KEYS, KEYS)
+    my_start = start_n + CONSUMER * KEYS
+    zero = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)
+    dk = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
+    dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
+    mbarrier.wait(kv_ready, 0)
 
     # the first tile: no dQ before it
     mbarrier.wait(q_ready.index(0), 0)
