@@ -18,7 +18,6 @@ from cs336_systems.measure.timing import summarize
 from cs336_systems.records import read_record
 from cs336_systems.report import facts, tables
 from cs336_systems.report.render import fmt, fmt_ratio
-from cs336_systems.sections.flash.targets import GROUPS, GRAPH_METRICS, TARGETS
 from cs336_systems.sections.flash.kernel_variants import (
     GLUON_KERNELS,
     NEEDED,
@@ -26,6 +25,7 @@ from cs336_systems.sections.flash.kernel_variants import (
     VARIANTS,
     variant_label,
 )
+from cs336_systems.sections.flash.targets import GRAPH_METRICS, GROUPS, TARGETS
 
 OURS, ATOMIC, REFERENCE = "flash-triton", "flash-triton-atomic-dq", "sdpa-cudnn"
 GLUON = "flash-gluon"  # our Gluon kernels for Hopper (kernels/flash_gluon/)
@@ -230,7 +230,8 @@ def sustained_facts(record: dict) -> dict | None:
     if not runs:
         return None
     table = pd.DataFrame([{
-        "implementation": variant_label(variant), "pass": pass_name, "ms a step": fmt(r["ms"], 3),
+        "implementation": variant_label(variant), "pass": pass_name,
+        "ms a step": fmt(r["ms"], 3),
         "SM clock, MHz": fmt(r["sm_clock_mhz_median"], 0),
         "power, W": fmt(r["power_w_median"], 0),
         "samples power-capped, %": fmt(100 * r["power_capped_share"], 0)}
