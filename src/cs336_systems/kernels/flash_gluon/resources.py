@@ -3,6 +3,7 @@ needed): registers, spilled bytes, shared memory (`compile_for_sm90`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -28,7 +29,7 @@ def compile_for_sm90(kernel: str, d: int, is_causal: bool, tiles: Tiles | None =
                      dtype: torch.dtype = torch.bfloat16) -> dict:
     """Compile one of `KERNELS` for sm90a here (no GPU needed): its registers a thread, bytes
     spilled to local memory, bytes of shared memory and whether ptxas serialized its wgmmas,
-    from the cubin. Where this process runs
+    from the cubin, and its SASS's instruction count and fingerprint (`sass_sha1`). Where this process runs
     Triton's interpreter (a CPU machine: `kernels` turns it on), in a child process without it:
     Gluon kernels compile, they do not interpret."""
     if kernel not in KERNELS:
@@ -121,6 +122,12 @@ def _resource_usage(kernel: str, d: int, is_causal: bool, tiles: Tiles,
     # which Triton does not show: "insufficient register resources"): then every HGMMA ends
     # its own group (gsb0) and is waited for at once, the products in flight lost
     products = re.findall(r"HGMMA\.[^;]*;", sass)
+    # the instructions without their addresses and encodings: two builds with the same
+    # fingerprint run the same code (scripts/gluon_sass.py compares them across changes)
+    instructions = [re.sub(r"\s*/\*[0-9a-fx]+\*/", "", line).strip()
+                    for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
     return {"registers": fields["REG"], "spilled_bytes": fields["STACK"] + fields["LOCAL"],
             "shared_bytes": compiled.metadata.shared,
-            "serialized_wgmma": bool(products) and all("gsb0" in p for p in products)}
+            "serialized_wgmma": bool(products) and all("gsb0" in p for p in products),
+            "instructions": len(instructions),
+            "sass_sha1": hashlib.sha1("\n".join(instructions).encode()).hexdigest()}
