@@ -11,7 +11,8 @@ lines before and after, and a kernel change by which lines move.
 The GPU box's Triton (3.6 in the reference run) can reject code that this machine's accepts; with
 `--triton-site` (a folder holding that Triton, put first on the path: `pip install --no-deps
 --target DIR triton==3.6.0`) the kernels compile with it instead. A kernel that does not compile
-is a line with its error, never a fingerprint.
+is a line with its error, never a fingerprint. docs/gluon-sass-triton-3.6.txt holds the landed
+kernels' lines under Triton 3.6 (`--compare` against it with `--triton-site`).
 """
 
 from __future__ import annotations
