@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.triton_site:
         if not (args.triton_site / "triton").is_dir():
             parser.error(f"--triton-site {args.triton_site}: no triton package there")
-        rest = [a for a in sys.argv[1:] if a != "--triton-site" and a != str(args.triton_site)]
+        rest = [*(["--kernels", *args.kernels] if args.kernels else []),
+                *(["--out", str(args.out)] if args.out else []),
+                *(["--compare", str(args.compare)] if args.compare else [])]
         source = Path(__file__).resolve().parents[1] / "src"
         env = {**os.environ, "TRITON_INTERPRET": "0",
                "PYTHONPATH": os.pathsep.join([str(args.triton_site.resolve()), str(source)])}

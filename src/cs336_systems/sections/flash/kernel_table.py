@@ -212,6 +212,13 @@ def _clock_versus(ours: dict, reference: dict) -> dict:
                 reference["ms"] * reference["sm_clock_mhz_median"])}
 
 
+def _back_to_back(ours: dict, reference: dict) -> dict:
+    """`_clock_versus`'s three ratios, each as ours / reference: time, clock, cycles."""
+    versus = _clock_versus(ours, reference)
+    return {"time": ours["ms"] / reference["ms"], "clock": versus["clock_ratio"],
+            "cycles": versus["cycles_ratio"]}
+
+
 def sustained_runs(record: dict) -> dict[tuple[str, str], dict]:
     """(variant, pass) -> its sustained run (`kernel_timings.sustained`) where the GPU was
     sampled; a record from before the forward alone ran that way has forward+backward ones."""
@@ -334,22 +341,21 @@ def clock_bounds(speed: pd.DataFrame, record_paths: list[str]) -> list[dict]:
         keys = [(v, "forward") for v in (ours.name, reference.name)]
         if not all(k in passes and k in runs for k in keys):
             continue
-        versus = _clock_versus(runs[keys[0]], runs[keys[1]])
-        time = 1 / versus["time"]["ratio"]
-        held_by = ("met" if target.meets(time) else
-                   "clock" if target.meets(versus["cycles_ratio"]) else "cycles")
+        back = _back_to_back(runs[keys[0]], runs[keys[1]])
+        held_by = ("met" if target.meets(back["time"]) else
+                   "clock" if target.meets(back["cycles"]) else "cycles")
         peer = runs.get((PEER, "forward"))
+        if peer is not None and PEER not in (ours.name, reference.name):
+            # FlashAttention-4's forward run the same way
+            peer = {"label": variant_label(PEER), **_back_to_back(peer, runs[keys[1]])}
+            peer["meets"] = target.meets(peer["time"])
+        else:
+            peer = None
         entry = found.setdefault((row["shape"], row["target_text"]), {
             "shape": row["shape"], "target": row["target_text"], "missed": [],
             "reference": reference.label, "bound": target.bound,
-            "burst": passes[keys[0]]["ms"] / passes[keys[1]]["ms"], "time": time,
-            "clock": versus["clock_ratio"], "cycles": versus["cycles_ratio"],
-            "held_by": held_by, "seconds": record["config"].get("sustain_s"),
-            # FlashAttention-4's forward run the same way, where it ran and is not the reference
-            "peer": {"label": variant_label(PEER), "time": peer["ms"] / runs[keys[1]]["ms"],
-                     "cycles": _clock_versus(peer, runs[keys[1]])["cycles_ratio"],
-                     "meets": target.meets(peer["ms"] / runs[keys[1]]["ms"])}
-            if peer is not None and PEER not in (ours.name, reference.name) else None})
+            "burst": passes[keys[0]]["ms"] / passes[keys[1]]["ms"], **back,
+            "held_by": held_by, "seconds": record["config"].get("sustain_s"), "peer": peer})
         entry["missed"].append({"title": row["title"], "ratio": row["compared"],
                                 "shown": f"{row['title']} ({fmt_ratio(row['compared'])})"})
     return list(found.values())
