@@ -190,7 +190,7 @@ def _paired_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr,
         st = warpgroup_mma(my_k, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
         dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq,))
         _dq_store(dq, dq_smem, dq_desc, _dq_block(seq, first + j - 1, BLOCK_M), sm_scale,
-                  CONSUMER, HEAD_D, BLOCK_M)
+                  CONSUMER, HEAD_D, BLOCK_M, (j - 1) % 2)
         dpt = warpgroup_mma(my_v, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
         dv, dk, dst = _tile_gradients(st, dpt, q_tile, do_tile, dk, dv, lse_ptr, delta_ptr,
                                       lse_smem.index(slot), delta_smem.index(slot), head_row,
@@ -204,8 +204,8 @@ def _paired_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr,
                      ((n_tiles - 1) // 2) & 1, CONSUMER, HEAD_D, BLOCK_M)
     dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
     _dq_store(dq, dq_smem, dq_desc, _dq_block(seq, first + n_tiles - 1, BLOCK_M), sm_scale,
-              CONSUMER, HEAD_D, BLOCK_M)
-    tma.store_wait(0)                   # the last reduction has read this consumer's buffer
+              CONSUMER, HEAD_D, BLOCK_M, (n_tiles - 1) % 2)
+    tma.store_wait(0)                   # the last reductions have read this consumer's buffers
     _store_rows(dk_ptr, dk * sm_scale, head_row, my_start, seq, acc_layout, HEAD_D, KEYS)
     _store_rows(dv_ptr, dv, head_row, my_start, seq, acc_layout, HEAD_D, KEYS)
 
@@ -247,13 +247,16 @@ def _dq_product(k_smem, ds_tile, ds_ready, phase, CONSUMER: gl.constexpr, HEAD_D
 
 @gluon.jit
 def _dq_store(dq, dq_smem, dq_desc, block, sm_scale, CONSUMER: gl.constexpr,
-              HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr):
+              HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, parity):
     """A consumer's half of a tile's dQ (`_dq_product`, done), added to the tile's `block` of
     the fp32 accumulator, this consumer's half of it, by one TMA reduction from the consumer's
-    own buffer (`_thread_order`)."""
+    buffer of this `parity` (its two, taken in turn, `_thread_order`): the reduction issued a
+    tile ago may still be reading the other (0.98x to 0.995x the backward's time at 16 x 4096
+    to 32 x 32768 x 128 on an H200, against one buffer waited for each tile;
+    docs/measurements.md)."""
     HALF: gl.constexpr = HEAD_D // 2
-    my_dq = dq_smem.index(CONSUMER)
-    tma.store_wait(0)                   # this consumer's last reduction has read its buffer
+    my_dq = dq_smem.index(2 * CONSUMER + parity)
+    tma.store_wait(1)                   # the reduction of two tiles ago has read this buffer
     my_dq.store(_thread_order(dq * sm_scale, BLOCK_M, HALF))
     fence_async_shared()
     _barrier()
@@ -353,9 +356,11 @@ def attention_dkdv_specialized_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, 
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)   # both consumers write their halves
         mbarrier.init(ds_free.index(i), count=1)    # the dQ warpgroup has read them
-    # two buffers of a tile's fp32 dQ (a tile's, or a consumer's half of its columns), which
-    # the TMA reductions read
-    dq_smem = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape,
+    # the buffers of a tile's fp32 dQ that the TMA reductions read: two of a tile's (the dQ
+    # warpgroup's), or two of each consumer's half of its columns (paired; 225 KiB of shared
+    # memory in all at d 128)
+    DQ_BUFFERS: gl.constexpr = 2 if DQ_WARPGROUP else 4
+    dq_smem = gl.allocate_shared_memory(dq_desc.dtype, [DQ_BUFFERS] + dq_desc.block_type.shape,
                                         dq_desc.layout)
     # the paired consumers' logsumexp and D, a walked tile's in the ring slot of its Q and dO
     # (the loader's; with the dQ warpgroup the consumers load them, and these are not read)

@@ -155,8 +155,9 @@ TILES = {
     "dkdv-specialized": {64: Tiles(block_m=64, block_n=128, num_warps=4, max_registers=128)},
     # the same without the dQ warpgroup, each consumer computing half of dQ's columns, d 128
     # only: the launch's 168 registers a thread over three warpgroups, the consumers then taking
-    # 240 (PINGPONG_REGISTERS). 193 KiB of shared memory, one program an SM; three slots (225
-    # KiB) were slower in one process: 5.35 against 5.23 ms of backward at 16 x 16384, 0.456
+    # 240 (PINGPONG_REGISTERS). One program an SM: 225 KiB of shared memory with two dQ buffers
+    # a consumer (`_dq_store`), 1.6 KiB short of an SM's. With one, three slots (225 KiB) were
+    # slower than two in one process: 5.35 against 5.23 ms of backward at 16 x 16384, 0.456
     # against 0.448 at 16 x 4096
     "dkdv-paired": {128: Tiles(block_m=64, block_n=128, num_warps=4, max_registers=168)},
     # block_m rows a program
