@@ -359,3 +359,62 @@ def test_a_record_without_a_peak_is_neither_fitting_nor_over(tmp_path):
              _record(tmp_path, "ours", 15.0, peak=None)]
     fits = section.fit_facts(section.frame_of(paths), 76)
     assert fits["fit"] == [] and fits["over"] == [] and fits["stock"] is None
+
+
+def _gluon_matrix(tmp_path, gluon_ms, gluon_attention, fa4_ms=2230.0, fa4_attention=900.0,
+                  config=CONFIG, matrix="proxy", suffix=""):
+    """Stock, ours with the Gluon attention and ours with FlashAttention-4 (the Gluon row's one
+    peer), each profiled: the rest of each step 1300 ms, stock 3000 ms."""
+    def profiled(ms, attention):
+        return {**_split(attention, ms - attention - 130.0, 100.0, 0.0),
+                "kernel_ms_span": ms}
+    return [_record(tmp_path, "stock", 3000.0, config=config, matrix=matrix,
+                    extra=profiled(3000.0, 1300.0)),
+            _record(tmp_path, f"ours-but-flash-gluon{suffix}", gluon_ms, config=config,
+                    matrix=matrix, extra=profiled(gluon_ms, gluon_attention)),
+            _record(tmp_path, f"ours-but-fa4{suffix}", fa4_ms, config=config, matrix=matrix,
+                    extra=profiled(fa4_ms, fa4_attention)),
+            _record(tmp_path, "ours-but-sdpa-cudnn", 2350.0, config=config, matrix=matrix)]
+
+
+def test_the_gluon_step_is_held_to_its_target_and_a_miss_says_what_it_misses_by(tmp_path):
+    # 2320 ms against 0.75 x 3000: misses by 70; its attention 90 ms over FlashAttention-4's
+    facts, text = _one(tmp_path, _gluon_matrix(tmp_path, 2320.0, 990.0))
+    (t,) = facts["kernel_targets"]
+    assert (t["meets"], t["bound_by"], t["off_ms"]) == (False, "attention", pytest.approx(70.0))
+    assert t["extra_ms"] == pytest.approx(90.0)
+    assert "Ours, but Gluon FA2 (sm90) is held to 0.75x the stock step's time (2250 ms)" in text
+    assert "it takes 2320 ms (0.77x), which misses it by 70 ms." in text
+    assert "90 ms more than those of ours, but FlashAttention-4 (900 ms), whose step takes " \
+           "2230 ms and meets it. Less that difference its step would meet the target" in text
+    assert "its attention kernels are what it misses by" in text
+    # the same miss with an attention only 40 ms slower: the rest of the step misses too
+    (tmp_path / "r").mkdir()
+    facts, text = _one(tmp_path / "r", _gluon_matrix(tmp_path / "r", 2320.0, 940.0, fa4_ms=2280.0))
+    (t,) = facts["kernel_targets"]
+    assert t["bound_by"] == "rest" and "2280 ms and misses it too" in text
+    assert "would still miss the target: the rest of the step, 1380 ms against 1380, misses " \
+           "it as well." in text
+    # met: no peer, no bound
+    (tmp_path / "m").mkdir()
+    facts, text = _one(tmp_path / "m", _gluon_matrix(tmp_path / "m", 2240.0, 900.0))
+    (t,) = facts["kernel_targets"]
+    assert t["meets"] and t["peer"] is None and "which meets it by 10 ms." in text
+    assert "what it misses by" not in text and not _glued(text)
+
+
+def test_the_full_gluon_step_is_held_to_its_time_on_h200s_alone(tmp_path):
+    paths = _gluon_matrix(tmp_path, 4576.0, 2099.0, fa4_ms=4375.0, fa4_attention=1858.0,
+                          config=FULL, matrix="full", suffix="-offloaded")
+    facts, text = _one(tmp_path, paths)
+    (t,) = facts["kernel_targets"]
+    assert (t["target"], t["off_ms"], t["bound_by"]) == (4300, pytest.approx(276.0), "rest")
+    assert "is held to 4300 ms on two H200s, this project's target for its attention kernel: " \
+           "it takes 4576 ms, which misses it by 276 ms." in text
+    # on other GPUs the full step has no such target
+    (tmp_path / "h").mkdir()
+    facts, _ = _one(tmp_path / "h", [_record(tmp_path / "h", p.split("/")[-1][:-5], 4576.0,
+                                             config=FULL, matrix="full",
+                                             env={**ENV, "gpu": "NVIDIA H100 80GB HBM3"})
+                                     for p in paths])
+    assert facts["kernel_targets"] == []

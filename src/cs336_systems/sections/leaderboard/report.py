@@ -12,6 +12,7 @@ facts say so.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -48,6 +49,10 @@ TARGET_RATIO = 0.75     # the proxy's target against the fastest stock step
 TARGET_MS = 4400        # the full shape's target on two H200s, a step's median (issue 47)
 TARGET_GPU = "H200"     # ... which holds where the matrix ran on these
 CLASS_BEST_MS = 3837    # the assignment's best entry, two B200s (quoted, not measured here)
+# the targets of a step with one of our attention kernels in it, by attention name: the proxy's
+# step at most `ratio` of the fastest stock step's time, the full step on two H200s at most `ms`
+# (issue 48: the Gluon kernels for Hopper, kernels/flash_gluon/)
+KERNEL_TARGETS = {"flash-gluon": {"ratio": 0.75, "ms": 4300}}
 OURS = "ours"
 
 
@@ -273,6 +278,57 @@ def _against(ok: pd.DataFrame, fastest: str, stock: str, proxy: bool,
             "lower_peak": bool(ok.loc[fastest, "peak_gib"] < ok.loc[stock, "peak_gib"])}
 
 
+def _attention_peer(ok: pd.DataFrame, name: str) -> str | None:
+    """Of ours that differ from variant `name` in the attention kernel alone, the one whose
+    profiled step spent the least time in attention; None where none was profiled."""
+    variant = VARIANTS[name]
+    peers = [other for other in ok.index
+             if other != name and not VARIANTS[other].stock
+             and replace(variant, attention=VARIANTS[other].attention) == VARIANTS[other]
+             and not pd.isna(ok.loc[other].get("kernel_ms_attention"))]
+    return min(peers, key=lambda other: ok.loc[other, "kernel_ms_attention"], default=None)
+
+
+def kernel_targets(ok: pd.DataFrame, stock: str | None, proxy: bool,
+                   has_target_ms: bool) -> list[dict]:
+    """Each step of ours whose attention kernel has targets (`KERNEL_TARGETS`), held to the
+    matrix's: the proxy's ratio to the fastest stock step, or the full step's time on two H200s.
+    A miss says what it misses by, from the profiled steps: its attention kernels' time against
+    those of the peer that differs from it in that kernel alone (`_attention_peer`). `bound_by`
+    is "attention" where the step less its attention's extra time would meet the bound (the
+    rest of the step meets it), "rest" where it would still miss (the rest of the step misses
+    too)."""
+    rows = []
+    for name in ok.index:
+        target = KERNEL_TARGETS.get(VARIANTS[name].attention)
+        if target is None or not (proxy and stock is not None or not proxy and has_target_ms):
+            continue
+        row = ok.loc[name]
+        ms = row["step_ms_median"]
+        bound = target["ratio"] * ok.loc[stock, "step_ms_median"] if proxy else target["ms"]
+        entry = {"variant": name, "label": variant_label(name), "ms": facts.number(ms),
+                 "bound_ms": facts.number(bound), "meets": bool(ms <= bound),
+                 "off_ms": facts.number(abs(ms - bound)),
+                 "ratio": facts.number(ms / ok.loc[stock, "step_ms_median"]) if proxy else None,
+                 "target": target["ratio"] if proxy else target["ms"], "proxy": proxy,
+                 "peer": None, "bound_by": None}
+        peer = _attention_peer(ok, name) if ms > bound else None
+        if peer is not None and not pd.isna(row.get("kernel_ms_attention")):
+            other = ok.loc[peer]
+            extra = row["kernel_ms_attention"] - other["kernel_ms_attention"]
+            entry["peer"] = {
+                "label": variant_label(peer), "ms": facts.number(other["step_ms_median"]),
+                "meets": bool(other["step_ms_median"] <= bound),
+                "attention_ms": facts.number(other["kernel_ms_attention"]),
+                "rest_ms": facts.number(other["kernel_ms_span"] - other["kernel_ms_attention"])}
+            entry.update(attention_ms=facts.number(row["kernel_ms_attention"]),
+                         rest_ms=facts.number(row["kernel_ms_span"] - row["kernel_ms_attention"]),
+                         extra_ms=facts.number(extra),
+                         bound_by="attention" if ms - extra <= bound else "rest")
+        rows.append(entry)
+    return rows
+
+
 def _best(ok: pd.DataFrame, fastest: str, ours_side: pd.DataFrame, ceiling: float | None,
           proxy: bool) -> dict:
     """Our fastest step: its time, rate, share of the matmul ceiling and distance to the floor."""
@@ -310,6 +366,7 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
     stock_oom = stock is None and bool((stocks["status"] == "oom").any())
     against = (_against(ok, fastest, stock, shape["proxy"], has_target_ms)
                if fastest is not None and stock is not None else None)
+    kernels = kernel_targets(ok, stock, shape["proxy"], has_target_ms)
     best = _best(ok, fastest, ours_side, ceiling, shape["proxy"]) if fastest is not None else None
     # what a lever bought needs ours with every lever on: where that ran out of memory, the
     # matrix says so instead
@@ -332,7 +389,7 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
                           facts.number(ok["matmul_tflops"].max())]
         if len(ok) else None,
         "table": tables.to_markdown(table_of(frame, ceiling, levers)),
-        "best": best, "against": against, "levers": levers, "every_lever_oom": every_lever_oom,
+        "best": best, "against": against, "kernel_targets": kernels, "levers": levers, "every_lever_oom": every_lever_oom,
         "check": {"count": len(checked), "passed": sum(checked), "worst_grad": worst_grad,
                   "tolerance": CHECK_TOLERANCE[shape["precision"]]},
         "wall": {"max_s": facts.number(walls.max()) if len(walls) else None,
