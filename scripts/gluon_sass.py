@@ -7,12 +7,15 @@ lines before and after, and a kernel change by which lines move.
     python scripts/gluon_sass.py [--kernels dkdv-paired] [--out before.txt]
     python scripts/gluon_sass.py --compare before.txt          # exit 1 where a line differs
     python scripts/gluon_sass.py --triton-site DIR ...         # with another Triton
+    python scripts/gluon_sass.py --gpu-triton-version          # GPU_TRITON, for scripts/setup.sh
 
-The GPU box's Triton (3.6 in the reference run) can reject code that this machine's accepts; with
-`--triton-site` (a folder holding that Triton, put first on the path: `pip install --no-deps
---target DIR triton==3.6.0`) the kernels compile with it instead. A kernel that does not compile
-is a line with its error, never a fingerprint. docs/gluon-sass-triton-3.6.txt holds the landed
-kernels' lines under Triton 3.6 (`--compare` against it with `--triton-site`).
+The GPU box's Triton (GPU_TRITON, the reference run's) can reject code that this machine's
+accepts; with `--triton-site` (a folder holding that Triton, put first on the path:
+`GPU_TRITON_SITE`, where scripts/setup.sh installs it) the kernels compile with it instead. A
+kernel that does not compile is a line with its error, never a fingerprint. `FINGERPRINTS` holds
+the landed kernels' lines under GPU_TRITON: the binaries the reference run measured. A test
+holds the tree to it, so that a kernel change comes with its new lines (`--out`) and says that
+the measured binaries changed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,12 @@ import sys
 from pathlib import Path
 
 DTYPES = ("bfloat16", "float16")
+ROOT = Path(__file__).resolve().parents[1]
+# the Triton of the GPU box that measured the reference run, where scripts/setup.sh installs it
+# beside this machine's, and the landed kernels' fingerprints under it
+GPU_TRITON = "3.6.0"
+GPU_TRITON_SITE = ROOT / ".triton-gpu"
+FINGERPRINTS = ROOT / "docs" / f"gluon-sass-triton-{GPU_TRITON.rsplit('.', 1)[0]}.txt"
 
 
 def fingerprints(kernels: list[str] | None) -> list[str]:
@@ -55,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", type=Path, help="lines of an earlier run to hold these to")
     parser.add_argument("--triton-site", type=Path,
                         help="a folder holding another Triton to compile with")
+    parser.add_argument("--gpu-triton-version", action="store_true",
+                        help="print the GPU box's Triton version (GPU_TRITON) and stop")
     args = parser.parse_args(argv)
+    if args.gpu_triton_version:
+        print(GPU_TRITON)
+        return 0
     # Gluon kernels compile, they never interpret: without CUDA the kernels package would turn
     # the interpreter on, and `compile_for_sm90` would then compile each one in a child process
     os.environ.setdefault("TRITON_INTERPRET", "0")
@@ -65,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         rest = [*(["--kernels", *args.kernels] if args.kernels else []),
                 *(["--out", str(args.out)] if args.out else []),
                 *(["--compare", str(args.compare)] if args.compare else [])]
-        source = Path(__file__).resolve().parents[1] / "src"
+        source = ROOT / "src"
         env = {**os.environ, "TRITON_INTERPRET": "0",
                "PYTHONPATH": os.pathsep.join([str(args.triton_site.resolve()), str(source)])}
         return subprocess.run([sys.executable, __file__, *rest], env=env, check=False).returncode

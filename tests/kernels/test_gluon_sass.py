@@ -70,3 +70,35 @@ def test_a_kernel_that_does_not_compile_is_an_error_line(fake_compile, capsys):
 def test_another_triton_site_must_hold_triton(tmp_path):
     with pytest.raises(SystemExit):
         gluon_sass.main(["--triton-site", str(tmp_path)])
+
+
+def test_gpu_triton_version_is_printed_for_the_setup_script(capsys):
+    assert gluon_sass.main(["--gpu-triton-version"]) == 0
+    assert capsys.readouterr().out.strip() == gluon_sass.GPU_TRITON
+    assert gluon_sass.FINGERPRINTS.is_file()
+
+
+def _gpu_triton_site():
+    """Where the GPU box's Triton is: this machine's own where it is that version (the GPU box
+    itself), else GPU_TRITON_SITE where scripts/setup.sh installed it; None where neither."""
+    import triton
+
+    if triton.__version__ == gluon_sass.GPU_TRITON:
+        return "here"
+    site = gluon_sass.GPU_TRITON_SITE
+    return site if (site / f"triton-{gluon_sass.GPU_TRITON}.dist-info").is_dir() else None
+
+
+def test_the_landed_gluon_kernels_are_the_binaries_the_reference_run_measured(capfd):
+    """Every Gluon build compiles with the GPU box's Triton, and to the SASS in FINGERPRINTS: a
+    kernel edit that Triton rejects fails here, on any machine, and one that changes a binary
+    comes with its new lines (`--out`), which say that the measured binaries changed."""
+    site = _gpu_triton_site()
+    if site is None:
+        pytest.skip(f"the GPU box's Triton {gluon_sass.GPU_TRITON} is not in "
+                    f"{gluon_sass.GPU_TRITON_SITE} (scripts/setup.sh installs it)")
+    compare = ["--compare", str(gluon_sass.FINGERPRINTS)]
+    code = gluon_sass.main(compare if site == "here" else ["--triton-site", str(site), *compare])
+    out = capfd.readouterr().out        # the child's, under another Triton
+    assert code == 0, "\n".join(line for line in out.splitlines()
+                                if line.startswith(("-", "+")) or " error: " in line)
