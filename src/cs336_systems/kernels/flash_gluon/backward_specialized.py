@@ -32,9 +32,9 @@ from cs336_systems.kernels.flash_gluon.common import (
 # threads' order, `_thread_order`) with one TMA bulk reduction: half the reductions of the
 # atomic schedule, whose programs own half the keys, and the consumers never wait for each
 # other (`specialized`). Or each consumer computes and adds half of dQ's columns itself, one
-# tile late (`paired`, `_paired_consumer`). Barriers: kv_ready (K and V landed); q_ready and q_empty, a ring slot each (Q and dO
-# landed; both consumers done with them); ds_ready and ds_free, a dS^T buffer each (both halves
-# written; the dQ warpgroup done with them).
+# tile late (`paired`, `_paired_consumer`). Barriers: kv_ready (K and V landed); q_ready and
+# q_empty, a ring slot each (Q and dO landed; both consumers done with them); ds_ready and
+# ds_free, a dS^T buffer each (both halves written; the dQ warpgroup done with them).
 
 
 @gluon.jit
@@ -92,6 +92,22 @@ def _write_ds_t(ds_tile, dst, ds_ready, CONSUMER: gl.constexpr, KEYS: gl.constex
 
 
 @gluon.jit
+def _consumer_start(k_smem, v_smem, kv_ready, start_n, CONSUMER: gl.constexpr,
+                    KEYS: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr,
+                    st_layout: gl.constexpr, acc_layout: gl.constexpr):
+    """What a consumer starts from: its KEYS rows of K and V and its first key, the zero its
+    S^T and dP^T start from, and dK and dV at zero, once K and V have landed."""
+    my_k = k_smem.slice(CONSUMER * KEYS, KEYS)
+    my_v = v_smem.slice(CONSUMER * KEYS, KEYS)
+    my_start = start_n + CONSUMER * KEYS
+    zero = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)
+    dk = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
+    dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
+    mbarrier.wait(kv_ready, 0)
+    return my_k, my_v, my_start, zero, dk, dv
+
+
+@gluon.jit
 def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """Consumer CONSUMER (0 or 1) beside the dQ warpgroup (`specialized`): keys start_n +
@@ -106,13 +122,8 @@ def _dkdv_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M
     st_layout: gl.constexpr = layouts[0]                            # ...the walked queries
     acc_layout: gl.constexpr = layouts[1]                           # ...d (dK, dV)
     op_layout: gl.constexpr = layouts[2]                            # P^T, dS^T as A operands
-    my_k = k_smem.slice(CONSUMER * KEYS, KEYS)
-    my_v = v_smem.slice(CONSUMER * KEYS, KEYS)
-    my_start = start_n + CONSUMER * KEYS
-    zero = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)
-    dk = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
-    dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
-    mbarrier.wait(kv_ready, 0)
+    my_k, my_v, my_start, zero, dk, dv = _consumer_start(
+        k_smem, v_smem, kv_ready, start_n, CONSUMER, KEYS, BLOCK_M, HEAD_D, st_layout, acc_layout)
 
     for j in range(n_tiles):
         slot = j % STAGES
@@ -159,13 +170,8 @@ def _paired_consumer(shared, CONSUMER: gl.constexpr, HEAD_D: gl.constexpr,
     st_layout: gl.constexpr = layouts[0]
     acc_layout: gl.constexpr = layouts[1]
     op_layout: gl.constexpr = layouts[2]
-    my_k = k_smem.slice(CONSUMER * KEYS, KEYS)
-    my_v = v_smem.slice(CONSUMER * KEYS, KEYS)
-    my_start = start_n + CONSUMER * KEYS
-    zero = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)
-    dk = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
-    dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
-    mbarrier.wait(kv_ready, 0)
+    my_k, my_v, my_start, zero, dk, dv = _consumer_start(
+        k_smem, v_smem, kv_ready, start_n, CONSUMER, KEYS, BLOCK_M, HEAD_D, st_layout, acc_layout)
 
     # the first tile: no dQ before it
     mbarrier.wait(q_ready.index(0), 0)

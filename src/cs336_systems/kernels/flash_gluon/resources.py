@@ -29,9 +29,9 @@ def compile_for_sm90(kernel: str, d: int, is_causal: bool, tiles: Tiles | None =
                      dtype: torch.dtype = torch.bfloat16) -> dict:
     """Compile one of `KERNELS` for sm90a here (no GPU needed): its registers a thread, bytes
     spilled to local memory, bytes of shared memory and whether ptxas serialized its wgmmas,
-    from the cubin, and its SASS's instruction count and fingerprint (`sass_sha1`). Where this process runs
-    Triton's interpreter (a CPU machine: `kernels` turns it on), in a child process without it:
-    Gluon kernels compile, they do not interpret."""
+    from the cubin, and its SASS's instruction count and fingerprint (`sass_sha1`). Where this
+    process runs Triton's interpreter (a CPU machine: `kernels` turns it on), in a child process
+    without it: Gluon kernels compile, they do not interpret."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; allowed: {', '.join(KERNELS)}")
     tiles = tiles or TILES[kernel][d]
