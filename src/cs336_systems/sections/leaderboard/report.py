@@ -389,7 +389,8 @@ def matrix_facts(name: str, frame: pd.DataFrame, assignment: dict) -> dict:
                           facts.number(ok["matmul_tflops"].max())]
         if len(ok) else None,
         "table": tables.to_markdown(table_of(frame, ceiling, levers)),
-        "best": best, "against": against, "kernel_targets": kernels, "levers": levers, "every_lever_oom": every_lever_oom,
+        "best": best, "against": against, "kernel_targets": kernels, "levers": levers,
+        "every_lever_oom": every_lever_oom,
         "check": {"count": len(checked), "passed": sum(checked), "worst_grad": worst_grad,
                   "tolerance": CHECK_TOLERANCE[shape["precision"]]},
         "wall": {"max_s": facts.number(walls.max()) if len(walls) else None,
