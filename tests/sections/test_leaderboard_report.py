@@ -403,6 +403,31 @@ def test_the_gluon_step_is_held_to_its_target_and_a_miss_says_what_it_misses_by(
     assert "what it misses by" not in text and not _glued(text)
 
 
+def test_the_fastest_gluon_step_is_held_and_its_peer_has_the_same_levers(tmp_path):
+    # ours with each kernel (rest 1300 ms), and both again in the room the proxy leaves (rest
+    # 1250 ms): the faster Gluon step is held, against FlashAttention-4 with its levers
+    def profiled(ms, attention):
+        return {**_split(attention, ms - attention - 130.0, 100.0, 0.0), "kernel_ms_span": ms}
+    paths = _gluon_matrix(tmp_path, 2320.0, 990.0, fa4_ms=2230.0) + [
+        _record(tmp_path, f"ours-but-{kernel}-60-selective-others-kept", ms,
+                extra=profiled(ms, attention))
+        for kernel, ms, attention in (("flash-gluon", 2270.0, 1020.0), ("fa4", 2200.0, 950.0))]
+    facts, text = _one(tmp_path, paths)
+    (t,) = facts["kernel_targets"]
+    assert t["variant"] == "ours-but-flash-gluon-60-selective-others-kept"
+    assert (t["off_ms"], t["extra_ms"], t["bound_by"]) == (
+        pytest.approx(20.0), pytest.approx(70.0), "attention")
+    assert "than those of ours, but FlashAttention-4, matmuls kept in the last 60% of the " \
+           "layers, the others keep every activation (950 ms), whose step takes 2200 ms" in text
+    # slower than ours with the Gluon kernels and every lever, the step in the room is not held
+    (tmp_path / "s").mkdir()
+    paths = _gluon_matrix(tmp_path / "s", 2320.0, 990.0) + [_record(
+        tmp_path / "s", "ours-but-flash-gluon-60-selective-others-kept", 2400.0,
+        extra=profiled(2400.0, 1020.0))]
+    facts, _ = _one(tmp_path / "s", paths)
+    assert [t["variant"] for t in facts["kernel_targets"]] == ["ours-but-flash-gluon"]
+
+
 def test_the_full_gluon_step_is_held_to_its_time_on_h200s_alone(tmp_path):
     paths = _gluon_matrix(tmp_path, 4576.0, 2099.0, fa4_ms=4375.0, fa4_attention=1858.0,
                           config=FULL, matrix="full", suffix="-offloaded")

@@ -291,18 +291,22 @@ def _attention_peer(ok: pd.DataFrame, name: str) -> str | None:
 
 def kernel_targets(ok: pd.DataFrame, stock: str | None, proxy: bool,
                    has_target_ms: bool) -> list[dict]:
-    """Each step of ours whose attention kernel has targets (`KERNEL_TARGETS`), held to the
-    matrix's: the proxy's ratio to the fastest stock step, or the full step's time on two H200s.
-    A miss says what it misses by, from the profiled steps: its attention kernels' time against
-    those of the peer that differs from it in that kernel alone (`_attention_peer`). `bound_by`
-    is "attention" where the step less its attention's extra time would meet the bound (the
-    rest of the step meets it), "rest" where it would still miss (the rest of the step misses
-    too)."""
+    """For each attention kernel with targets (`KERNEL_TARGETS`), the fastest step of ours with
+    it, held to the matrix's: the proxy's ratio to the fastest stock step, or the full step's
+    time on two H200s. A miss says what it misses by, from the profiled steps: its attention
+    kernels' time against those of the peer that differs from it in that kernel alone
+    (`_attention_peer`). `bound_by` is "attention" where the step less its attention's extra
+    time would meet the bound (the rest of the step meets it), "rest" where it would still miss
+    (the rest of the step misses too)."""
+    if not (proxy and stock is not None or not proxy and has_target_ms):
+        return []
     rows = []
-    for name in ok.index:
-        target = KERNEL_TARGETS.get(VARIANTS[name].attention)
-        if target is None or not (proxy and stock is not None or not proxy and has_target_ms):
+    for attention, target in KERNEL_TARGETS.items():
+        steps = ok[[not VARIANTS[v].stock and VARIANTS[v].attention == attention
+                    for v in ok.index]]
+        if steps.empty:
             continue
+        name = steps["step_ms_median"].idxmin()
         row = ok.loc[name]
         ms = row["step_ms_median"]
         bound = target["ratio"] * ok.loc[stock, "step_ms_median"] if proxy else target["ms"]

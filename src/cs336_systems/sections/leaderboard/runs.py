@@ -133,10 +133,11 @@ VARIANTS: dict[str, LeaderboardVariant] = {
                                               optimizer="adamw-offloaded"),
     # the one-GPU proxy's room (ours-but-fa4 peaks about 26 GiB under the stock step): the first
     # layers keep every activation, elementwise ones too, so that their backward recomputes
-    # nothing (about 3 GiB a layer more at 32768 tokens)
-    **{f"ours-but-fa4-{share}-selective-others-kept": replace(
-        OURS, attention="fa4", selective_share=share / 100, others="none")
-       for share in (60, 70)},
+    # nothing (about 3 GiB a layer more at 32768 tokens); with FlashAttention-4 or our Gluon
+    # kernels, so that the two differ in the attention kernel alone
+    **{f"ours-but-{attention}-{share}-selective-others-kept": replace(
+        OURS, attention=attention, selective_share=share / 100, others="none")
+       for attention in ("fa4", "flash-gluon") for share in (60, 70)},
     # Liger Kernel's fused linear cross-entropy (optional package liger-kernel) for ours
     "ours-but-liger-loss": replace(OURS, chunked_loss=False, head_loss="liger"),
     "plain": PLAIN,
