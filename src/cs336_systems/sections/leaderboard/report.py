@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from cs336_systems.lm.attention import attention_label
 from cs336_systems.lm.sizes import LEADERBOARD_SHAPES
 from cs336_systems.report import facts, tables
 from cs336_systems.sections.leaderboard.loss_table import loss_facts
@@ -310,7 +311,8 @@ def kernel_targets(ok: pd.DataFrame, stock: str | None, proxy: bool,
         row = ok.loc[name]
         ms = row["step_ms_median"]
         bound = target["ratio"] * ok.loc[stock, "step_ms_median"] if proxy else target["ms"]
-        entry = {"variant": name, "label": variant_label(name), "ms": facts.number(ms),
+        entry = {"variant": name, "label": variant_label(name),
+                 "kernel": attention_label(attention), "ms": facts.number(ms),
                  "bound_ms": facts.number(bound), "meets": bool(ms <= bound),
                  "off_ms": facts.number(abs(ms - bound)),
                  "ratio": facts.number(ms / ok.loc[stock, "step_ms_median"]) if proxy else None,
