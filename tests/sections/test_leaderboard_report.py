@@ -284,7 +284,8 @@ def test_on_other_gpus_the_full_shape_names_them_and_has_no_h200_target(tmp_path
     (tmp_path / "h").mkdir()
     _, h200 = _one(tmp_path / "h", [
         _record(tmp_path / "h", "stock", 6600.0, config=FULL, matrix="full"),
-        _record(tmp_path / "h", "ours-but-sdpa-cudnn-offloaded", 4629.0, config=FULL, matrix="full")])
+        _record(tmp_path / "h", "ours-but-sdpa-cudnn-offloaded", 4629.0, config=FULL,
+                matrix="full")])
     assert "All 34 layers on 2 GPUs (NVIDIA H200)" in h200 and "target of 4400 ms" in h200
     assert "The stock parts do not fit" not in h200
 
